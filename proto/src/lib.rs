@@ -1,0 +1,9 @@
+//! Data types shared by every Shoal crate.
+//!
+//! `proto` sits at the bottom of the dependency graph (router -> mesh ->
+//! proto) so that the load a router polls from an engine, and later the frames
+//! replicas exchange, have one definition that both sides agree on.
+
+pub mod load;
+
+pub use load::{EngineKind, EngineLoad, LoadSnapshot};

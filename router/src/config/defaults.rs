@@ -1,0 +1,67 @@
+//! The one place every default lives.
+//!
+//! The clap flags, the `SHOAL_*` environment variables, the TOML config file
+//! and the README's flag reference all read these constants, so a default is
+//! changed here and nowhere else.
+
+/// Address the HTTP front binds to.
+pub const HOST: &str = "0.0.0.0";
+/// Port the HTTP front listens on.
+pub const PORT: u16 = 30000;
+/// Routing policy used when `--policy` is not given.
+pub const POLICY: &str = "round_robin";
+
+/// How often every engine's load endpoint is polled.
+pub const LOAD_POLL_INTERVAL_MS: u64 = 1000;
+/// A snapshot older than this many poll intervals counts as missing.
+pub const LOAD_STALE_AFTER_POLLS: u64 = 3;
+/// Which load format to poll engines with.
+pub const WORKER_LOAD_SOURCE: &str = "auto";
+/// Largest load-endpoint response body the monitor reads.
+pub const LOAD_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest request body accepted (64 MiB leaves room for inline images).
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
+/// Deadline for a whole proxied request, streaming included.
+pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
+/// Deadline for opening a TCP connection to a worker.
+pub const CONNECT_TIMEOUT_MS: u64 = 3000;
+
+/// Attempts after the first one, each on a freshly selected worker.
+pub const RETRY_MAX_RETRIES: u32 = 5;
+/// Backoff before the first retry.
+pub const RETRY_INITIAL_BACKOFF_MS: u64 = 50;
+/// Ceiling on the backoff between retries.
+pub const RETRY_MAX_BACKOFF_MS: u64 = 30_000;
+/// Growth factor of the backoff per retry.
+pub const RETRY_BACKOFF_MULTIPLIER: f64 = 1.5;
+/// Random spread applied to each backoff (0.2 = ±20 %).
+pub const RETRY_JITTER_FACTOR: f64 = 0.2;
+
+/// Consecutive failures within the window that open a worker's circuit.
+pub const CB_FAILURE_THRESHOLD: u32 = 10;
+/// Consecutive successes in half-open state that close the circuit again.
+pub const CB_SUCCESS_THRESHOLD: u32 = 3;
+/// How long an open circuit rejects traffic before a half-open probe.
+pub const CB_TIMEOUT_DURATION_SECS: u64 = 60;
+/// Failures older than this no longer count towards opening the circuit.
+pub const CB_WINDOW_DURATION_SECS: u64 = 120;
+
+/// Seconds between active health checks of each worker.
+pub const HEALTH_CHECK_INTERVAL_SECS: u64 = 10;
+/// Deadline for one health check.
+pub const HEALTH_CHECK_TIMEOUT_SECS: u64 = 5;
+/// Consecutive failed checks that take a worker out of rotation.
+pub const HEALTH_FAILURE_THRESHOLD: u32 = 3;
+/// Consecutive passed checks that put it back.
+pub const HEALTH_SUCCESS_THRESHOLD: u32 = 2;
+/// Path probed on each worker.
+pub const HEALTH_CHECK_ENDPOINT: &str = "/health";
+
+/// Log filter used when `RUST_LOG` is not set.
+pub const LOG_LEVEL: &str = "info";
+/// Name this replica stamps on the snapshots it polls.
+pub const NODE_NAME: &str = "shoal";
+
+/// Characters per token in the prompt-token estimate (see `request::estimate`).
+pub const CHARS_PER_TOKEN: u64 = 4;

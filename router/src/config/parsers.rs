@@ -1,0 +1,72 @@
+//! Value parsers for flags whose type alone does not rule out bad values.
+//! clap prefixes each error with the flag's name, so the operator sees which
+//! flag was rejected and why.
+
+/// A number that must be greater than zero (intervals, limits).
+pub fn positive_u64(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err("must be greater than 0".into()),
+        Ok(value) => Ok(value),
+        Err(err) => Err(format!("not a whole number: {err}")),
+    }
+}
+
+/// [`positive_u64`] for `u32` settings.
+pub fn positive_u32(text: &str) -> Result<u32, String> {
+    let value = positive_u64(text)?;
+    u32::try_from(value).map_err(|_| format!("must be at most {}", u32::MAX))
+}
+
+/// [`positive_u64`] for byte sizes.
+pub fn positive_usize(text: &str) -> Result<usize, String> {
+    let value = positive_u64(text)?;
+    usize::try_from(value).map_err(|_| "too large for this platform".into())
+}
+
+fn finite(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|err| format!("not a number: {err}"))?;
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err("must be a finite number".into())
+    }
+}
+
+/// A fraction in 0..=1 (jitter).
+pub fn unit_fraction(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err("must be between 0 and 1".into())
+    }
+}
+
+/// A growth factor, at least 1.
+pub fn multiplier(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if value >= 1.0 {
+        Ok(value)
+    } else {
+        Err("must be at least 1".into())
+    }
+}
+
+/// An absolute URL path such as `/health`.
+pub fn url_path(text: &str) -> Result<String, String> {
+    if text.starts_with('/') && text.parse::<http::uri::PathAndQuery>().is_ok() {
+        Ok(text.to_string())
+    } else {
+        Err("must be an absolute path starting with '/'".into())
+    }
+}
+
+/// A worker base URL: `http://host:port` with an optional path prefix. It is
+/// normalised without a trailing slash so the same engine is never
+/// registered twice under two spellings.
+pub fn worker_url(text: &str) -> Result<String, String> {
+    crate::workers::normalize_url(text)
+}

@@ -1,0 +1,125 @@
+use super::*;
+use std::io::Write;
+
+fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    Config::load_from(std::iter::once("shoal").chain(args.iter().copied()))
+}
+
+fn error_text(args: &[&str]) -> String {
+    parse(args).unwrap_err().to_string()
+}
+
+#[test]
+fn defaults_come_from_the_defaults_module() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.host, defaults::HOST);
+    assert_eq!(config.port, defaults::PORT);
+    assert_eq!(
+        config.load_poll_interval_ms,
+        defaults::LOAD_POLL_INTERVAL_MS
+    );
+    assert_eq!(
+        config.load_stale_after(),
+        Duration::from_millis(defaults::LOAD_POLL_INTERVAL_MS * defaults::LOAD_STALE_AFTER_POLLS)
+    );
+    assert_eq!(config.retry_max_retries, defaults::RETRY_MAX_RETRIES);
+    assert_eq!(config.policy, PolicyKind::RoundRobin);
+    assert_eq!(config.worker_load_source, LoadSource::Auto);
+}
+
+#[test]
+fn worker_urls_accept_lists_and_are_normalised() {
+    let config = parse(&["--worker-urls", "http://a:1/", "http://b:2", "--port", "1"]).unwrap();
+    assert_eq!(config.worker_urls, vec!["http://a:1", "http://b:2"]);
+    let config = parse(&["--worker-urls=http://a:1,http://b:2"]).unwrap();
+    assert_eq!(config.worker_urls.len(), 2);
+    let text = error_text(&["--worker-urls", "a:1"]);
+    assert!(text.contains("--worker-urls"), "{text}");
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    for (args, flag) in [
+        (
+            vec!["--retry-jitter-factor", "NaN"],
+            "--retry-jitter-factor",
+        ),
+        (
+            vec!["--retry-jitter-factor", "1.5"],
+            "--retry-jitter-factor",
+        ),
+        (
+            vec!["--retry-backoff-multiplier", "inf"],
+            "--retry-backoff-multiplier",
+        ),
+        (
+            vec!["--load-poll-interval-ms", "0"],
+            "--load-poll-interval-ms",
+        ),
+        (vec!["--port=-1"], "--port"),
+        (vec!["--policy", "fastest"], "--policy"),
+        (
+            vec!["--health-check-endpoint", "health"],
+            "--health-check-endpoint",
+        ),
+        (vec!["--load-stale-after-ms", "10"], "--load-stale-after-ms"),
+        (
+            vec![
+                "--retry-max-backoff-ms",
+                "1",
+                "--retry-initial-backoff-ms",
+                "5",
+            ],
+            "--retry-max-backoff-ms",
+        ),
+    ] {
+        let text = error_text(&args);
+        assert!(text.contains(flag), "{args:?}: {text}");
+    }
+}
+
+#[test]
+fn config_file_sets_values_and_flags_override_it() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        file,
+        "port = 4000\nload_poll_interval_ms = 250\nworker-urls = [\"http://x:1\", \"http://y:2\"]\nlog-json = true\npolicy = \"random\""
+    )
+    .unwrap();
+    let path = file.path().to_str().unwrap();
+    let config = parse(&["--config", path]).unwrap();
+    assert_eq!(config.port, 4000);
+    assert_eq!(config.load_poll_interval_ms, 250);
+    assert_eq!(config.worker_urls, vec!["http://x:1", "http://y:2"]);
+    assert!(config.log_json);
+    assert_eq!(config.policy, PolicyKind::Random);
+
+    let config = parse(&[
+        "--config",
+        path,
+        "--port",
+        "5000",
+        "--worker-urls",
+        "http://z:3",
+    ])
+    .unwrap();
+    assert_eq!(config.port, 5000);
+    assert_eq!(config.worker_urls, vec!["http://z:3"]);
+}
+
+#[test]
+fn config_file_errors_name_the_file_and_key() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(file, "prot = 4000").unwrap();
+    let path = file.path().to_str().unwrap().to_string();
+    let text = error_text(&["--config", &path]);
+    assert!(text.contains("prot") && text.contains(&path), "{text}");
+
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(file, "retry_jitter_factor = nan").unwrap();
+    let text = error_text(&["--config", file.path().to_str().unwrap()]);
+    assert!(text.contains("--retry-jitter-factor"), "{text}");
+
+    let text = error_text(&["--config", "/nonexistent/shoal.toml"]);
+    assert!(text.contains("/nonexistent/shoal.toml"), "{text}");
+}

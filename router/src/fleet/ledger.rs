@@ -1,0 +1,129 @@
+//! This replica's bookings on one worker, as lock-free counters.
+//!
+//! A [`Booking`] is taken when a request is dispatched and released when it
+//! is dropped, so a finished stream, an error and a client that went away
+//! all release exactly once. The dispatched counter only grows; the load
+//! monitor stamps it on each snapshot as the poll mark.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    pending_prefill: AtomicU64,
+    dispatched: AtomicU64,
+}
+
+/// In-flight requests and token-work this replica has routed to one worker.
+#[derive(Debug, Default, Clone)]
+pub struct Ledger {
+    counters: Arc<Counters>,
+}
+
+impl Ledger {
+    /// Books one request of `prompt_tokens` prompt and `token_work` total
+    /// token-work. The counts are visible to the next selection at once.
+    pub fn book(&self, prompt_tokens: u64, token_work: u64) -> Booking {
+        let c = &self.counters;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.tokens.fetch_add(token_work, Ordering::Relaxed);
+        c.pending_prefill
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+        c.dispatched.fetch_add(token_work, Ordering::Relaxed);
+        Booking {
+            counters: self.counters.clone(),
+            token_work,
+            pending_prefill: prompt_tokens,
+        }
+    }
+
+    /// Requests in flight.
+    pub fn inflight_requests(&self) -> u64 {
+        self.counters.requests.load(Ordering::Relaxed)
+    }
+
+    /// Token-work in flight.
+    pub fn inflight_tokens(&self) -> u64 {
+        self.counters.tokens.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens still waiting for their first response byte.
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.counters.pending_prefill.load(Ordering::Relaxed)
+    }
+
+    /// Token-work ever dispatched (grow-only).
+    pub fn dispatched_tokens(&self) -> u64 {
+        self.counters.dispatched.load(Ordering::Relaxed)
+    }
+}
+
+/// One request's claim on a worker; dropping it releases the claim.
+#[derive(Debug)]
+pub struct Booking {
+    counters: Arc<Counters>,
+    token_work: u64,
+    pending_prefill: u64,
+}
+
+impl Booking {
+    /// The first response byte arrived: the prompt is no longer queued.
+    pub fn first_byte(&mut self) {
+        let pending = std::mem::take(&mut self.pending_prefill);
+        if pending > 0 {
+            self.counters
+                .pending_prefill
+                .fetch_sub(pending, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        self.first_byte();
+        self.counters.requests.fetch_sub(1, Ordering::Relaxed);
+        self.counters
+            .tokens
+            .fetch_sub(self.token_work, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn booking_releases_once_and_dispatched_only_grows() {
+        let ledger = Ledger::default();
+        let mut booking = ledger.book(40, 100);
+        assert_eq!(ledger.pending_prefill_tokens(), 40);
+        booking.first_byte();
+        booking.first_byte();
+        assert_eq!(ledger.pending_prefill_tokens(), 0);
+        assert_eq!(ledger.inflight_tokens(), 100);
+        drop(booking);
+        assert_eq!(ledger.inflight_requests(), 0);
+        assert_eq!(ledger.inflight_tokens(), 0);
+        assert_eq!(ledger.dispatched_tokens(), 100);
+    }
+
+    #[test]
+    fn concurrent_bookings_balance() {
+        let ledger = Ledger::default();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                let ledger = ledger.clone();
+                scope.spawn(move || {
+                    for _ in 0..1000 {
+                        let _b = ledger.book(3, 7);
+                    }
+                });
+            }
+        });
+        assert_eq!(ledger.inflight_requests(), 0);
+        assert_eq!(ledger.pending_prefill_tokens(), 0);
+        assert_eq!(ledger.dispatched_tokens(), 28_000);
+    }
+}

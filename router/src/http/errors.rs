@@ -1,0 +1,140 @@
+//! Errors in OpenAI's shape, so SDKs surface the router's reason verbatim:
+//! `{"error": {"message": ..., "type": ..., "code": ...}}`.
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde_json::json;
+
+/// An error answer of the router itself (not one passed through from a worker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable reason.
+    pub message: String,
+    /// OpenAI `type`.
+    pub kind: &'static str,
+    /// Machine-readable `code`.
+    pub code: &'static str,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            code,
+        }
+    }
+
+    /// 400: the body is not JSON.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_json",
+            message,
+        )
+    }
+
+    /// 400: some other client mistake.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message,
+        )
+    }
+
+    /// 413: the body is over `--max-payload-bytes`.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "payload_too_large",
+            format!("request body exceeds the limit of {limit} bytes (--max-payload-bytes)"),
+        )
+    }
+
+    /// 503: nothing to route to; the message says why.
+    pub fn no_workers(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "no_available_workers",
+            message,
+        )
+    }
+
+    /// 502: the workers could not be reached or broke the exchange.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "upstream_unreachable",
+            message,
+        )
+    }
+
+    /// 504: the request deadline passed before a worker answered.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_error",
+            "upstream_timeout",
+            message,
+        )
+    }
+
+    /// 404: unknown route or resource.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            message,
+        )
+    }
+
+    /// 405: known path, wrong method.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            "method not allowed on this path",
+        )
+    }
+
+    /// 409: the resource already exists.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            "conflict",
+            message,
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({"error": {"message": self.message, "type": self.kind, "code": self.code}});
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

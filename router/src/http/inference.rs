@@ -1,0 +1,77 @@
+//! `POST` inference routes: read the body once (bounded), inspect it, and
+//! hand it to the proxy.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header;
+use http_body_util::{BodyExt, Limited};
+
+use super::errors::ApiError;
+use super::state::AppState;
+use crate::request::{self, Route};
+use crate::{proxy, telemetry};
+
+async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, ApiError> {
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::payload_too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::payload_too_large(limit))
+        }
+        Err(err) => Err(ApiError::bad_request(
+            "body_read_failed",
+            format!("could not read the request body: {err}"),
+        )),
+    }
+}
+
+/// Handles one inference request on `route`.
+pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let result = async {
+        let bytes = read_body(body, app.config.max_payload_bytes, declared).await?;
+        let info = request::inspect(&bytes, app.policy.needs_request_text())
+            .map_err(|err| ApiError::invalid_json(err.to_string()))?;
+        Ok::<_, ApiError>((bytes, info))
+    }
+    .await;
+    let (bytes, info) = match result {
+        Ok(ok) => ok,
+        Err(error) => {
+            telemetry::request_done(
+                route.label(),
+                error.status.as_u16(),
+                started.elapsed().as_secs_f64(),
+            );
+            return error.into_response();
+        }
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(route.path());
+    proxy::forward(
+        &app,
+        route,
+        &parts.headers,
+        path_and_query,
+        bytes,
+        &info,
+        started,
+    )
+    .await
+}

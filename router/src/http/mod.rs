@@ -1,0 +1,39 @@
+//! The HTTP front: OpenAI-compatible inference routes, health and metrics,
+//! and the worker admin API.
+
+mod admin;
+pub mod errors;
+mod inference;
+mod info;
+pub mod state;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{delete, get, post};
+
+use errors::ApiError;
+use state::AppState;
+
+use crate::request::Route;
+
+/// Builds the axum router for one replica.
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut app = Router::new();
+    for route in Route::ALL {
+        app = app.route(
+            route.path(),
+            post(move |state, request| inference::handle(state, route, request)),
+        );
+    }
+    app.route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/liveness", get(info::liveness))
+        .route("/readiness", get(info::readiness))
+        .route("/metrics", get(info::metrics))
+        .route("/workers", get(admin::list).post(admin::add))
+        .route("/workers/{url}", delete(admin::remove))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .with_state(state)
+}

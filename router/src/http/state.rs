@@ -1,0 +1,36 @@
+//! What every HTTP handler shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::config::Config;
+use crate::fleet::FleetView;
+use crate::policy::Policy;
+use crate::proxy::RetryConfig;
+use crate::upstream::HttpClient;
+use crate::workers::Registry;
+
+/// Shared state of one replica's HTTP front.
+#[derive(Debug)]
+pub struct AppState {
+    /// The validated configuration.
+    pub config: Arc<Config>,
+    /// The workers.
+    pub registry: Arc<Registry>,
+    /// The routing policy.
+    pub policy: Arc<dyn Policy>,
+    /// Where policies read load from.
+    pub fleet: Arc<dyn FleetView>,
+    /// Client for proxied requests.
+    pub client: HttpClient,
+    /// Client for side requests (model lists).
+    pub side_client: HttpClient,
+    /// Retry backoff.
+    pub retry: RetryConfig,
+    /// Whole-request deadline.
+    pub request_timeout: Duration,
+    /// Prometheus handle, if this process owns the recorder.
+    pub metrics: Option<PrometheusHandle>,
+}

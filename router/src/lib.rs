@@ -1,0 +1,19 @@
+//! Shoal: an active-active router for LLM inference fleets.
+//!
+//! The binary (`main.rs`) only parses the configuration and calls
+//! [`app::Server`]; everything else lives here so integration tests can run
+//! a real replica on an ephemeral port.
+
+pub mod app;
+pub mod config;
+pub mod engines;
+pub mod fleet;
+pub mod http;
+pub mod load;
+pub mod logging;
+pub mod policy;
+pub mod proxy;
+pub mod request;
+pub mod telemetry;
+pub mod upstream;
+pub mod workers;

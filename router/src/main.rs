@@ -1,0 +1,50 @@
+//! The `shoal` binary.
+
+use std::process::ExitCode;
+
+use shoal::app::{Server, shutdown_signal};
+use shoal::config::{Config, ConfigError};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = match Config::load() {
+        Ok(config) => config,
+        Err(ConfigError::Cli(err)) => {
+            // clap formats help/version and usage errors itself.
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(err) = shoal::logging::init(&config.log_level, config.log_json) {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
+    if config.worker_urls.is_empty() {
+        tracing::warn!("no --worker-urls given: add workers with POST /workers");
+    }
+    let server = match Server::bind(config.clone()).await {
+        Ok(server) => server,
+        Err(err) => {
+            eprintln!(
+                "error: cannot listen on {}:{}: {err}",
+                config.host, config.port
+            );
+            return ExitCode::from(1);
+        }
+    };
+    match server.serve(shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: server failed: {err}");
+            ExitCode::from(1)
+        }
+    }
+}

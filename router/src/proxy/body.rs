@@ -1,0 +1,133 @@
+//! The response body handed to the client: the worker's body, frame by
+//! frame, with the request's booking attached.
+//!
+//! Nothing is buffered. The first data frame releases the booking's pending
+//! prefill; the end of the stream, an upstream error, the request deadline
+//! or the client going away (the body is dropped) releases the rest.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::fleet::Booking;
+use crate::telemetry;
+use crate::workers::Worker;
+
+/// Error type of the streamed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A worker's response body that accounts for the request it belongs to.
+pub struct TrackedBody {
+    inner: Incoming,
+    booking: Option<Booking>,
+    worker: Arc<Worker>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    route: &'static str,
+    status: u16,
+    started: Instant,
+    saw_data: bool,
+}
+
+impl TrackedBody {
+    /// Wraps `inner`; `deadline` is the end of the request's time budget.
+    pub fn new(
+        inner: Incoming,
+        booking: Booking,
+        worker: Arc<Worker>,
+        deadline: tokio::time::Instant,
+        route: &'static str,
+        status: u16,
+        started: Instant,
+    ) -> Self {
+        Self {
+            inner,
+            booking: Some(booking),
+            worker,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            route,
+            status,
+            started,
+            saw_data: false,
+        }
+    }
+
+    fn finish(&mut self, outcome: &'static str) {
+        if self.booking.take().is_some() {
+            telemetry::request_done(
+                self.route,
+                self.status,
+                self.started.elapsed().as_secs_f64(),
+            );
+            if outcome != "complete" {
+                tracing::debug!(
+                    worker = self.worker.url(),
+                    outcome,
+                    "response stream ended early"
+                );
+            }
+        }
+    }
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.booking.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.finish("deadline");
+            return Poll::Ready(Some(Err(
+                "request deadline (--request-timeout-secs) exceeded".into(),
+            )));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if !this.saw_data && frame.data_ref().is_some_and(|d| !d.is_empty()) {
+                    this.saw_data = true;
+                    if let Some(booking) = this.booking.as_mut() {
+                        booking.first_byte();
+                    }
+                    telemetry::first_token(this.route, this.started.elapsed().as_secs_f64());
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                this.worker.breaker().record_failure();
+                this.finish("upstream_error");
+                Poll::Ready(Some(Err(Box::new(err))))
+            }
+            Poll::Ready(None) => {
+                this.finish("complete");
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.booking.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        // Still booked: the client went away (or an empty body was never polled).
+        self.finish("dropped");
+    }
+}

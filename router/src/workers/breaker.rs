@@ -1,0 +1,269 @@
+//! Per-worker circuit breaker: stop sending traffic to a worker that keeps
+//! failing, probe it again after a cool-down.
+//!
+//! Closed -> Open after `failure_threshold` consecutive failures within
+//! `window`; Open -> HalfOpen once `timeout` has passed; HalfOpen -> Closed
+//! after `success_threshold` consecutive successes, or back to Open on any
+//! failure. The state is mirrored in an atomic so the routing hot path reads
+//! it without taking the lock.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::{Config, defaults};
+
+/// Circuit-breaker knobs, from the `--cb-*` flags.
+#[derive(Debug, Clone)]
+pub struct BreakerConfig {
+    /// False when `--disable-circuit-breaker` is set.
+    pub enabled: bool,
+    /// Consecutive failures that open the circuit.
+    pub failure_threshold: u32,
+    /// Consecutive half-open successes that close it.
+    pub success_threshold: u32,
+    /// Time an open circuit waits before half-opening.
+    pub timeout: Duration,
+    /// Failures older than this restart the count.
+    pub window: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            failure_threshold: defaults::CB_FAILURE_THRESHOLD,
+            success_threshold: defaults::CB_SUCCESS_THRESHOLD,
+            timeout: Duration::from_secs(defaults::CB_TIMEOUT_DURATION_SECS),
+            window: Duration::from_secs(defaults::CB_WINDOW_DURATION_SECS),
+        }
+    }
+}
+
+impl From<&Config> for BreakerConfig {
+    fn from(config: &Config) -> Self {
+        Self {
+            enabled: !config.disable_circuit_breaker,
+            failure_threshold: config.cb_failure_threshold,
+            success_threshold: config.cb_success_threshold,
+            timeout: Duration::from_secs(config.cb_timeout_duration_secs),
+            window: Duration::from_secs(config.cb_window_duration_secs),
+        }
+    }
+}
+
+/// Where a circuit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    /// Traffic flows.
+    Closed,
+    /// Traffic is held off.
+    Open,
+    /// Traffic flows as a probe; one failure reopens.
+    HalfOpen,
+}
+
+impl CircuitState {
+    fn code(self) -> u8 {
+        match self {
+            CircuitState::Closed => 0,
+            CircuitState::Open => 1,
+            CircuitState::HalfOpen => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Self {
+        match code {
+            1 => CircuitState::Open,
+            2 => CircuitState::HalfOpen,
+            _ => CircuitState::Closed,
+        }
+    }
+
+    /// Numeric value for the `shoal_worker_circuit_state` gauge.
+    pub fn as_gauge(self) -> f64 {
+        f64::from(self.code())
+    }
+}
+
+#[derive(Debug)]
+struct Counts {
+    state: CircuitState,
+    failures: u32,
+    successes: u32,
+    first_failure: Option<Instant>,
+    opened_at: Option<Instant>,
+}
+
+/// One worker's breaker.
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    config: BreakerConfig,
+    state: AtomicU8,
+    counts: Mutex<Counts>,
+}
+
+impl CircuitBreaker {
+    /// A closed breaker.
+    pub fn new(config: BreakerConfig) -> Self {
+        Self {
+            config,
+            state: AtomicU8::new(CircuitState::Closed.code()),
+            counts: Mutex::new(Counts {
+                state: CircuitState::Closed,
+                failures: 0,
+                successes: 0,
+                first_failure: None,
+                opened_at: None,
+            }),
+        }
+    }
+
+    /// Current state (an open circuit whose timeout passed reads half-open).
+    pub fn state(&self) -> CircuitState {
+        let _ = self.allows();
+        CircuitState::from_code(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Whether a request may be sent now. Lock-free unless the circuit is open.
+    pub fn allows(&self) -> bool {
+        if !self.config.enabled {
+            return true;
+        }
+        if CircuitState::from_code(self.state.load(Ordering::Relaxed)) != CircuitState::Open {
+            return true;
+        }
+        let mut counts = self.lock();
+        if counts.state == CircuitState::Open
+            && counts
+                .opened_at
+                .is_some_and(|at| at.elapsed() >= self.config.timeout)
+        {
+            self.set(&mut counts, CircuitState::HalfOpen);
+        }
+        counts.state != CircuitState::Open
+    }
+
+    /// Records a request that the worker served.
+    pub fn record_success(&self) {
+        if !self.config.enabled {
+            return;
+        }
+        let mut counts = self.lock();
+        counts.failures = 0;
+        counts.first_failure = None;
+        if counts.state == CircuitState::HalfOpen {
+            counts.successes += 1;
+            if counts.successes >= self.config.success_threshold {
+                self.set(&mut counts, CircuitState::Closed);
+            }
+        }
+    }
+
+    /// Records a connect error, timeout or 5xx from the worker.
+    pub fn record_failure(&self) {
+        if !self.config.enabled {
+            return;
+        }
+        let mut counts = self.lock();
+        match counts.state {
+            CircuitState::HalfOpen => self.set(&mut counts, CircuitState::Open),
+            CircuitState::Open => {}
+            CircuitState::Closed => {
+                let now = Instant::now();
+                let window_over = counts
+                    .first_failure
+                    .is_some_and(|first| now.duration_since(first) > self.config.window);
+                if window_over || counts.first_failure.is_none() {
+                    counts.first_failure = Some(now);
+                    counts.failures = 0;
+                }
+                counts.failures += 1;
+                if counts.failures >= self.config.failure_threshold {
+                    self.set(&mut counts, CircuitState::Open);
+                }
+            }
+        }
+    }
+
+    fn set(&self, counts: &mut Counts, state: CircuitState) {
+        counts.state = state;
+        counts.failures = 0;
+        counts.successes = 0;
+        counts.first_failure = None;
+        counts.opened_at = (state == CircuitState::Open).then(Instant::now);
+        self.state.store(state.code(), Ordering::Relaxed);
+        tracing::info!(state = ?state, "circuit breaker changed state");
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(timeout_ms: u64) -> CircuitBreaker {
+        CircuitBreaker::new(BreakerConfig {
+            enabled: true,
+            failure_threshold: 3,
+            success_threshold: 2,
+            timeout: Duration::from_millis(timeout_ms),
+            window: Duration::from_secs(60),
+        })
+    }
+
+    #[test]
+    fn opens_after_threshold_and_half_opens_after_timeout() {
+        let cb = breaker(30);
+        cb.record_failure();
+        cb.record_failure();
+        assert!(cb.allows());
+        cb.record_failure();
+        assert_eq!(cb.state(), CircuitState::Open);
+        assert!(!cb.allows());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(cb.allows());
+        assert_eq!(cb.state(), CircuitState::HalfOpen);
+        cb.record_success();
+        assert_eq!(cb.state(), CircuitState::HalfOpen);
+        cb.record_success();
+        assert_eq!(cb.state(), CircuitState::Closed);
+    }
+
+    #[test]
+    fn half_open_failure_reopens_and_success_resets_count() {
+        let cb = breaker(0);
+        cb.record_failure();
+        cb.record_failure();
+        cb.record_success();
+        cb.record_failure();
+        cb.record_failure();
+        assert_eq!(cb.state(), CircuitState::Closed, "success reset the streak");
+        cb.record_failure();
+        // timeout 0: the open circuit reads half-open at once
+        assert_eq!(cb.state(), CircuitState::HalfOpen);
+        cb.record_failure();
+        assert_eq!(
+            CircuitState::from_code(cb.state.load(Ordering::Relaxed)),
+            CircuitState::Open
+        );
+    }
+
+    #[test]
+    fn disabled_breaker_always_allows() {
+        let cb = CircuitBreaker::new(BreakerConfig {
+            enabled: false,
+            ..BreakerConfig::default()
+        });
+        for _ in 0..100 {
+            cb.record_failure();
+        }
+        assert!(cb.allows());
+    }
+}

@@ -1,0 +1,144 @@
+//! Active health checks: take a worker out of rotation after
+//! `--health-failure-threshold` failed probes in a row, put it back after
+//! `--health-success-threshold` passed ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::{Registry, Worker};
+use crate::telemetry;
+use crate::upstream::{self, HttpClient};
+
+/// Consecutive results of one worker's probes.
+#[derive(Debug, Default)]
+pub struct Streak {
+    passed: u32,
+    failed: u32,
+}
+
+/// Health-check knobs, from the `--health-*` flags.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// Time between rounds.
+    pub interval: Duration,
+    /// Deadline of one probe.
+    pub timeout: Duration,
+    /// Failed probes in a row that mark a worker unhealthy.
+    pub failure_threshold: u32,
+    /// Passed probes in a row that mark it healthy again.
+    pub success_threshold: u32,
+    /// Path probed.
+    pub endpoint: String,
+}
+
+impl From<&crate::config::Config> for HealthConfig {
+    fn from(config: &crate::config::Config) -> Self {
+        Self {
+            interval: Duration::from_secs(config.health_check_interval_secs),
+            timeout: Duration::from_secs(config.health_check_timeout_secs),
+            failure_threshold: config.health_failure_threshold,
+            success_threshold: config.health_success_threshold,
+            endpoint: config.health_check_endpoint.clone(),
+        }
+    }
+}
+
+/// Applies one probe result to a worker; returns true if its health changed.
+pub fn record_probe(worker: &Worker, passed: bool, config: &HealthConfig) -> bool {
+    let mut streak = worker
+        .health_streak
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if passed {
+        streak.passed = streak.passed.saturating_add(1);
+        streak.failed = 0;
+    } else {
+        streak.failed = streak.failed.saturating_add(1);
+        streak.passed = 0;
+    }
+    let was = worker.is_healthy();
+    let now = if was {
+        streak.failed < config.failure_threshold
+    } else {
+        streak.passed >= config.success_threshold
+    };
+    if now != was {
+        worker.set_healthy(now);
+        tracing::warn!(
+            worker = worker.url(),
+            healthy = now,
+            "worker health changed"
+        );
+    }
+    now != was
+}
+
+async fn probe(client: &HttpClient, worker: &Worker, config: &HealthConfig) -> bool {
+    match upstream::get(
+        client,
+        worker.url(),
+        &config.endpoint,
+        config.timeout,
+        64 * 1024,
+    )
+    .await
+    {
+        Ok((status, _)) if status.is_success() => true,
+        Ok((status, _)) => {
+            tracing::debug!(worker = worker.url(), %status, "health check failed");
+            false
+        }
+        Err(err) => {
+            tracing::debug!(worker = worker.url(), error = %err, "health check failed");
+            false
+        }
+    }
+}
+
+/// Probes every registered worker each interval, forever.
+pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConfig) {
+    let mut ticker = tokio::time::interval(config.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let workers = registry.all();
+        let probes = workers.iter().map(|worker| {
+            let client = &client;
+            let config = &config;
+            async move {
+                let passed = probe(client, worker, config).await;
+                record_probe(worker, passed, config);
+                telemetry::worker_health(worker);
+            }
+        });
+        join_all(probes).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::BreakerConfig;
+
+    #[test]
+    fn thresholds_apply_to_consecutive_results() {
+        let config = HealthConfig {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            failure_threshold: 2,
+            success_threshold: 2,
+            endpoint: "/health".into(),
+        };
+        let worker = Worker::new("http://w:1".into(), BreakerConfig::default());
+        assert!(!record_probe(&worker, false, &config));
+        assert!(!record_probe(&worker, true, &config), "streak broken");
+        assert!(!record_probe(&worker, false, &config));
+        assert!(record_probe(&worker, false, &config));
+        assert!(!worker.is_healthy());
+        assert!(!record_probe(&worker, true, &config));
+        assert!(record_probe(&worker, true, &config));
+        assert!(worker.is_healthy());
+    }
+}

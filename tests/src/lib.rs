@@ -1,0 +1,1 @@
+//! Shared helpers for Shoal's cross-process tests, mock engine and benchmarks.
