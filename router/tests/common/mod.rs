@@ -1,0 +1,122 @@
+//! Shared harness for the router's integration tests: a real `shoal`
+//! replica on an ephemeral loopback port, and small scriptable fake engines.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod fake_engine;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use shoal::app::Server;
+use shoal::config::Config;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A running in-process replica; dropping it shuts it down.
+pub struct Router {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl Router {
+    /// Starts a replica with these flags (besides host/port).
+    pub async fn start(args: &[String]) -> Router {
+        let mut argv = vec!["shoal".to_string()];
+        argv.extend(args.iter().cloned());
+        let config = Config::load_from(argv).expect("valid test config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = Server::with_listener(config, listener);
+        let addr = server.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = server
+                .serve(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Router {
+            addr,
+            shutdown: Some(tx),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// `GET /workers` as JSON.
+    pub async fn workers(&self) -> serde_json::Value {
+        reqwest::get(self.url("/workers"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The `GET /workers` entry of one worker.
+    pub async fn worker(&self, url: &str) -> serde_json::Value {
+        let all = self.workers().await;
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["url"] == url)
+            .cloned()
+            .unwrap_or_else(|| panic!("worker {url} not listed in {all}"))
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Flags shared by most tests: fast checks, no load polling.
+pub fn base_args<S: AsRef<str>>(workers: &[S]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--worker-load-source".into(),
+        "none".into(),
+        "--retry-initial-backoff-ms".into(),
+        "1".into(),
+        "--retry-max-backoff-ms".into(),
+        "5".into(),
+    ];
+    if !workers.is_empty() {
+        args.push("--worker-urls".into());
+        args.extend(workers.iter().map(|w| w.as_ref().to_string()));
+    }
+    args
+}
+
+/// Polls `check` until it returns true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A chat request body.
+pub fn chat_body(stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": "test-model",
+        "stream": stream,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Say hello to the router tests please"}]
+    })
+}

@@ -1,0 +1,259 @@
+//! Worker lifecycle against real sockets: retries, health checks, the
+//! circuit breaker, the admin API, model merging and metrics.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::fake_engine::FakeEngine;
+use common::{Router, base_args, chat_body, eventually};
+
+async fn chat(router: &Router) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(router.url("/v1/chat/completions"))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_503_from_one_worker_is_retried_on_another() {
+    let failing = FakeEngine::start().await;
+    failing.state.fixed_status.store(503, Ordering::SeqCst);
+    let healthy = FakeEngine::start().await;
+    let mut args = base_args(&[&failing.url, &healthy.url]);
+    args.extend(["--disable-circuit-breaker".into()]);
+    let router = Router::start(&args).await;
+    for _ in 0..6 {
+        assert_eq!(chat(&router).await.status(), 200);
+    }
+    assert!(
+        failing.requests() >= 3,
+        "round robin sent some to the failing worker first"
+    );
+    assert_eq!(healthy.requests(), 6);
+    let metrics = reqwest::get(router.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("shoal_retries_total"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_non_retryable_status_passes_through_and_the_last_retryable_one_too() {
+    let bad_request = FakeEngine::start().await;
+    bad_request.state.fixed_status.store(422, Ordering::SeqCst);
+    let router = Router::start(&base_args(&[&bad_request.url])).await;
+    let response = chat(&router).await;
+    assert_eq!(response.status(), 422);
+    assert!(response.text().await.unwrap().contains("fixed status 422"));
+    assert_eq!(
+        bad_request.requests(),
+        1,
+        "4xx is the client's fault: no retry"
+    );
+
+    let overloaded = FakeEngine::start().await;
+    overloaded.state.fixed_status.store(429, Ordering::SeqCst);
+    let mut args = base_args(&[&overloaded.url]);
+    args.extend(["--retry-max-retries".into(), "2".into()]);
+    let router = Router::start(&args).await;
+    let response = chat(&router).await;
+    assert_eq!(
+        response.status(),
+        429,
+        "the worker's own answer once retries are spent"
+    );
+    assert_eq!(overloaded.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
+    let flaky = FakeEngine::start().await;
+    let steady = FakeEngine::start().await;
+    let mut args = base_args(&[&flaky.url, &steady.url]);
+    args.extend(
+        [
+            "--health-check-interval-secs",
+            "1",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+        ]
+        .map(String::from),
+    );
+    let router = Router::start(&args).await;
+
+    flaky.state.unhealthy.store(true, Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(6), || async {
+            router.worker(&flaky.url).await["healthy"] == false
+        })
+        .await,
+        "two failed checks take the worker out"
+    );
+    let before = flaky.requests();
+    for _ in 0..4 {
+        assert_eq!(chat(&router).await.status(), 200);
+    }
+    assert_eq!(flaky.requests(), before, "no traffic while unhealthy");
+    let metrics = reqwest::get(router.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "shoal_worker_healthy{{worker=\"{}\"}} 0",
+            flaky.url
+        )),
+        "{metrics}"
+    );
+
+    flaky.state.unhealthy.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(4), || async {
+            router.worker(&flaky.url).await["healthy"] == true
+        })
+        .await,
+        "one passed check brings it back"
+    );
+    for _ in 0..4 {
+        assert_eq!(chat(&router).await.status(), 200);
+    }
+    assert!(flaky.requests() > before, "traffic returns");
+}
+
+#[tokio::test]
+async fn repeated_failures_open_the_circuit() {
+    let failing = FakeEngine::start().await;
+    failing.state.fixed_status.store(500, Ordering::SeqCst);
+    let healthy = FakeEngine::start().await;
+    let mut args = base_args(&[&failing.url, &healthy.url]);
+    args.extend(
+        [
+            "--cb-failure-threshold",
+            "2",
+            "--cb-timeout-duration-secs",
+            "60",
+        ]
+        .map(String::from),
+    );
+    let router = Router::start(&args).await;
+    for _ in 0..6 {
+        assert_eq!(chat(&router).await.status(), 200);
+    }
+    assert_eq!(router.worker(&failing.url).await["circuit"], "open");
+    let hits = failing.requests();
+    for _ in 0..4 {
+        assert_eq!(chat(&router).await.status(), 200);
+    }
+    assert_eq!(failing.requests(), hits, "an open circuit gets no traffic");
+}
+
+#[tokio::test]
+async fn admin_api_adds_and_removes_workers() {
+    let engine = FakeEngine::start().await;
+    let router = Router::start(&base_args::<&str>(&[])).await;
+    let client = reqwest::Client::new();
+
+    let response = client
+        .post(router.url("/workers"))
+        .json(&serde_json::json!({"url": format!("{}/", engine.url)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(chat(&router).await.status(), 200);
+
+    let again = client
+        .post(router.url("/workers"))
+        .json(&serde_json::json!({"url": engine.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let bad = client
+        .post(router.url("/workers"))
+        .json(&serde_json::json!({"url": "ftp://x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let not_json = client
+        .post(router.url("/workers"))
+        .body("nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_json.status(), 400);
+
+    let encoded = engine.url.replace(':', "%3A").replace('/', "%2F");
+    let removed = client
+        .delete(router.url(&format!("/workers/{encoded}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 204);
+    let missing = client
+        .delete(router.url(&format!("/workers/{encoded}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(chat(&router).await.status(), 503);
+}
+
+#[tokio::test]
+async fn models_are_merged_across_workers() {
+    let a = FakeEngine::start().await;
+    *a.state.models.lock().await = vec!["llama".into(), "qwen".into()];
+    let b = FakeEngine::start().await;
+    *b.state.models.lock().await = vec!["qwen".into(), "mistral".into()];
+    let router = Router::start(&base_args(&[&a.url, &b.url])).await;
+    let json: serde_json::Value = reqwest::get(router.url("/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(json["object"], "list");
+    let ids: Vec<&str> = json["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["llama", "mistral", "qwen"]);
+}
+
+#[tokio::test]
+async fn metrics_expose_requests_and_worker_gauges() {
+    let engine = FakeEngine::start().await;
+    let router = Router::start(&base_args(&[&engine.url])).await;
+    assert_eq!(chat(&router).await.status(), 200);
+    let metrics = reqwest::get(router.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "shoal_requests_total{route=\"chat_completions\",status=\"200\"}",
+        "shoal_request_duration_seconds_bucket",
+        "shoal_time_to_first_byte_seconds_bucket",
+        "shoal_worker_inflight_requests",
+        "shoal_worker_circuit_state",
+        "shoal_workers{state=\"available\"}",
+    ] {
+        assert!(metrics.contains(name), "missing {name} in\n{metrics}");
+    }
+}
