@@ -219,3 +219,23 @@ async fn unknown_route_and_wrong_method_get_openai_errors() {
         .unwrap();
     assert_openai_error(response, 405, "method_not_allowed").await;
 }
+
+#[tokio::test]
+async fn a_worker_that_never_answers_gets_504_at_the_deadline() {
+    let engine = FakeEngine::start().await;
+    engine.state.stall.store(true, Ordering::SeqCst);
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--request-timeout-secs".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    let started = std::time::Instant::now();
+    let response = reqwest::Client::new()
+        .post(router.url("/v1/chat/completions"))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    let message = assert_openai_error(response, 504, "upstream_timeout").await;
+    assert!(message.contains("--request-timeout-secs"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(router.worker(&engine.url).await["inflight_requests"], 0);
+}

@@ -32,6 +32,8 @@ pub struct EngineState {
     pub fixed_status: AtomicU16,
     /// `/health` answers 503 while set.
     pub unhealthy: AtomicBool,
+    /// Requests are accepted but never answered (not even headers).
+    pub stall: AtomicBool,
     /// Streams pause after the first chunk until this is notified.
     pub pause_after_first: AtomicBool,
     pub resume: Notify,
@@ -84,6 +86,9 @@ impl Drop for DropFlag {
 async fn inference(State(state): State<Arc<EngineState>>, body: Bytes) -> Response {
     state.requests.fetch_add(1, Ordering::SeqCst);
     *state.last_body.lock().await = body.clone();
+    if state.stall.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
     let status = state.fixed_status.load(Ordering::SeqCst);
     if status != 0 {
         let status = StatusCode::from_u16(status).unwrap();
