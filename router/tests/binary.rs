@@ -7,10 +7,12 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::chat_body;
-use common::fake_engine::FakeEngine;
+use common::fake_engine::{CHUNKS, FakeEngine};
+use futures_util::StreamExt;
 
 struct Child(std::process::Child);
 
@@ -21,19 +23,12 @@ impl Drop for Child {
     }
 }
 
-#[tokio::test]
-async fn binary_serves_on_an_ephemeral_port_and_proxies() {
-    let engine = FakeEngine::start().await;
+/// Starts the binary against `engine` and returns it with its HTTP address.
+fn spawn_shoal(engine: &FakeEngine) -> (Child, String) {
     let mut child = Child(
         Command::new(env!("CARGO_BIN_EXE_shoal"))
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--worker-load-source",
-                "none",
-            ])
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--worker-load-source", "none"])
             .args(["--worker-urls", &engine.url])
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
@@ -54,6 +49,13 @@ async fn binary_serves_on_an_ephemeral_port_and_proxies() {
     let addr = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("shoal logs its address");
+    (child, addr)
+}
+
+#[tokio::test]
+async fn binary_serves_on_an_ephemeral_port_and_proxies() {
+    let engine = FakeEngine::start().await;
+    let (_child, addr) = spawn_shoal(&engine);
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .json(&chat_body(false))
@@ -88,4 +90,52 @@ fn bad_flags_exit_2_naming_the_flag() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--port"));
+}
+
+#[tokio::test]
+async fn sigterm_lets_an_in_flight_stream_finish_then_exits_cleanly() {
+    let engine = FakeEngine::start().await;
+    engine.state.pause_after_first.store(true, Ordering::SeqCst);
+    let (mut child, addr) = spawn_shoal(&engine);
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    let mut received = body.next().await.unwrap().unwrap().to_vec();
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "still serving the open stream"
+    );
+
+    engine.state.resume.notify_waiters();
+    while let Some(chunk) = body.next().await {
+        received.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(
+        received,
+        CHUNKS.concat().as_bytes(),
+        "the stream finished intact"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "shoal did not exit after draining"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
 }
