@@ -81,12 +81,7 @@ async fn auto_detects_sglang_and_vllm_and_stores_their_numbers() {
         })
         .await
     );
-    let metrics = reqwest::get(router.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = router.metrics().await;
     assert!(
         metrics.contains(&format!(
             "shoal_engine_token_usage{{worker=\"{}\"}} 0.7303",
@@ -139,12 +134,7 @@ async fn a_failing_exporter_keeps_the_old_snapshot_until_it_goes_stale() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let entry = router.worker(&engine.url).await;
     assert!(entry["snapshot_age_ms"].as_u64().unwrap() >= 200, "{entry}");
-    let metrics = reqwest::get(router.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = router.metrics().await;
     assert!(
         metrics.contains(&format!(
             "shoal_load_poll_errors_total{{worker=\"{}\",reason=\"parse\"}}",

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fake_engine::{CHUNKS, FakeEngine};
-use common::{Router, base_args, chat_body, eventually};
+use common::{Router, base_args, eventually};
 use futures_util::StreamExt;
 
 #[tokio::test]
@@ -18,12 +18,7 @@ async fn sse_chunks_arrive_incrementally_and_byte_identical() {
     engine.state.pause_after_first.store(true, Ordering::SeqCst);
     let router = Router::start(&base_args(&[&engine.url])).await;
 
-    let response = reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(true))
-        .send()
-        .await
-        .unwrap();
+    let response = router.chat(true).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut body = response.bytes_stream();
@@ -63,12 +58,7 @@ async fn client_disconnect_cancels_the_upstream_request_and_releases_the_booking
     engine.state.hang_after_first.store(true, Ordering::SeqCst);
     let router = Router::start(&base_args(&[&engine.url])).await;
 
-    let response = reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(true))
-        .send()
-        .await
-        .unwrap();
+    let response = router.chat(true).await;
     let mut body = response.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert!(!first.is_empty());
@@ -170,12 +160,7 @@ async fn oversized_body_gets_413() {
 #[tokio::test]
 async fn empty_pool_gets_503_with_a_reason() {
     let router = Router::start(&base_args::<&str>(&[])).await;
-    let response = reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(false))
-        .send()
-        .await
-        .unwrap();
+    let response = router.chat(false).await;
     assert_eq!(response.headers()["retry-after"], "1");
     let message = assert_openai_error(response, 503, "no_available_workers").await;
     assert!(message.contains("no workers are registered"), "{message}");
@@ -195,12 +180,7 @@ async fn unreachable_workers_give_502_after_retries() {
     let mut args = base_args(&[&closed]);
     args.extend(["--retry-max-retries".into(), "2".into()]);
     let router = Router::start(&args).await;
-    let response = reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(false))
-        .send()
-        .await
-        .unwrap();
+    let response = router.chat(false).await;
     let message = assert_openai_error(response, 502, "upstream_unreachable").await;
     assert!(
         message.contains("3 attempt(s)") && message.contains(&closed),
@@ -228,12 +208,7 @@ async fn a_worker_that_never_answers_gets_504_at_the_deadline() {
     args.extend(["--request-timeout-secs".into(), "1".into()]);
     let router = Router::start(&args).await;
     let started = std::time::Instant::now();
-    let response = reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(false))
-        .send()
-        .await
-        .unwrap();
+    let response = router.chat(false).await;
     let message = assert_openai_error(response, 504, "upstream_timeout").await;
     assert!(message.contains("--request-timeout-secs"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -9,16 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fake_engine::FakeEngine;
-use common::{Router, base_args, chat_body, eventually};
-
-async fn chat(router: &Router) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(router.url("/v1/chat/completions"))
-        .json(&chat_body(false))
-        .send()
-        .await
-        .unwrap()
-}
+use common::{Router, base_args, eventually};
 
 #[tokio::test]
 async fn a_503_from_one_worker_is_retried_on_another() {
@@ -29,19 +20,14 @@ async fn a_503_from_one_worker_is_retried_on_another() {
     args.extend(["--disable-circuit-breaker".into()]);
     let router = Router::start(&args).await;
     for _ in 0..6 {
-        assert_eq!(chat(&router).await.status(), 200);
+        assert_eq!(router.chat(false).await.status(), 200);
     }
     assert!(
         failing.requests() >= 3,
         "round robin sent some to the failing worker first"
     );
     assert_eq!(healthy.requests(), 6);
-    let metrics = reqwest::get(router.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = router.metrics().await;
     assert!(metrics.contains("shoal_retries_total"), "{metrics}");
 }
 
@@ -50,7 +36,7 @@ async fn a_non_retryable_status_passes_through_and_the_last_retryable_one_too() 
     let bad_request = FakeEngine::start().await;
     bad_request.state.fixed_status.store(422, Ordering::SeqCst);
     let router = Router::start(&base_args(&[&bad_request.url])).await;
-    let response = chat(&router).await;
+    let response = router.chat(false).await;
     assert_eq!(response.status(), 422);
     assert!(response.text().await.unwrap().contains("fixed status 422"));
     assert_eq!(
@@ -64,7 +50,7 @@ async fn a_non_retryable_status_passes_through_and_the_last_retryable_one_too() 
     let mut args = base_args(&[&overloaded.url]);
     args.extend(["--retry-max-retries".into(), "2".into()]);
     let router = Router::start(&args).await;
-    let response = chat(&router).await;
+    let response = router.chat(false).await;
     assert_eq!(
         response.status(),
         429,
@@ -101,15 +87,10 @@ async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
     );
     let before = flaky.requests();
     for _ in 0..4 {
-        assert_eq!(chat(&router).await.status(), 200);
+        assert_eq!(router.chat(false).await.status(), 200);
     }
     assert_eq!(flaky.requests(), before, "no traffic while unhealthy");
-    let metrics = reqwest::get(router.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = router.metrics().await;
     assert!(
         metrics.contains(&format!(
             "shoal_worker_healthy{{worker=\"{}\"}} 0",
@@ -127,7 +108,7 @@ async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
         "one passed check brings it back"
     );
     for _ in 0..4 {
-        assert_eq!(chat(&router).await.status(), 200);
+        assert_eq!(router.chat(false).await.status(), 200);
     }
     assert!(flaky.requests() > before, "traffic returns");
 }
@@ -149,12 +130,12 @@ async fn repeated_failures_open_the_circuit() {
     );
     let router = Router::start(&args).await;
     for _ in 0..6 {
-        assert_eq!(chat(&router).await.status(), 200);
+        assert_eq!(router.chat(false).await.status(), 200);
     }
     assert_eq!(router.worker(&failing.url).await["circuit"], "open");
     let hits = failing.requests();
     for _ in 0..4 {
-        assert_eq!(chat(&router).await.status(), 200);
+        assert_eq!(router.chat(false).await.status(), 200);
     }
     assert_eq!(failing.requests(), hits, "an open circuit gets no traffic");
 }
@@ -172,7 +153,7 @@ async fn admin_api_adds_and_removes_workers() {
         .await
         .unwrap();
     assert_eq!(response.status(), 201);
-    assert_eq!(chat(&router).await.status(), 200);
+    assert_eq!(router.chat(false).await.status(), 200);
 
     let again = client
         .post(router.url("/workers"))
@@ -209,7 +190,7 @@ async fn admin_api_adds_and_removes_workers() {
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);
-    assert_eq!(chat(&router).await.status(), 503);
+    assert_eq!(router.chat(false).await.status(), 503);
 }
 
 #[tokio::test]
@@ -239,13 +220,8 @@ async fn models_are_merged_across_workers() {
 async fn metrics_expose_requests_and_worker_gauges() {
     let engine = FakeEngine::start().await;
     let router = Router::start(&base_args(&[&engine.url])).await;
-    assert_eq!(chat(&router).await.status(), 200);
-    let metrics = reqwest::get(router.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    assert_eq!(router.chat(false).await.status(), 200);
+    let metrics = router.metrics().await;
     for name in [
         "shoal_requests_total{route=\"chat_completions\",status=\"200\"}",
         "shoal_request_duration_seconds_bucket",

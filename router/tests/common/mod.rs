@@ -46,6 +46,32 @@ impl Router {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// `GET /metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// `POST` a JSON body to `path`.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `POST /v1/chat/completions` with [`chat_body`].
+    pub async fn chat(&self, stream: bool) -> reqwest::Response {
+        self.post_json("/v1/chat/completions", &chat_body(stream))
+            .await
+    }
+
     /// `GET /workers` as JSON.
     pub async fn workers(&self) -> serde_json::Value {
         reqwest::get(self.url("/workers"))
