@@ -1,1 +1,4 @@
 //! Shared helpers for Shoal's cross-process tests, mock engine and benchmarks.
+
+pub mod client;
+pub mod mock;

@@ -1,0 +1,123 @@
+//! `mock-engine`: runs one or more mock LLM engines in one process.
+//!
+//! Prints `mock-engine listening on http://HOST:PORT flavor=F` once per engine
+//! (in engine order) when all are listening, then serves until killed.
+
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use shoal_tests::mock::{EngineConfig, Flavor, spawn_engines};
+
+/// Mock continuous-batching LLM engine(s) speaking SGLang, vLLM or llama.cpp.
+#[derive(Debug, Parser)]
+#[command(name = "mock-engine", version)]
+struct Cli {
+    /// Load-endpoint flavor: sglang, vllm or llamacpp.
+    #[arg(long, default_value = "vllm")]
+    flavor: Flavor,
+    /// Number of engines in this process, each with its own model state.
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    /// Engine i listens on base-port + i; 0 gives every engine an ephemeral port.
+    #[arg(long, default_value_t = 0)]
+    base_port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Model name served by /v1/models and in metric labels.
+    #[arg(long, default_value = "mock/Qwen3-8B")]
+    model_name: String,
+    /// KV-cache capacity in tokens.
+    #[arg(long, default_value_t = 65_536)]
+    kv_capacity_tokens: u64,
+    /// Maximum running (batched) requests; llama.cpp slots.
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// Prefill rate, uncached prompt tokens per model second.
+    #[arg(long, default_value_t = 10_000.0, allow_negative_numbers = true)]
+    prefill_tps: f64,
+    /// Prefill tokens per step at most (chunked prefill).
+    #[arg(long, default_value_t = 4_096)]
+    prefill_chunk_tokens: u64,
+    /// Step time = decode-base-ms + decode-per-req-ms * batch (+ prefill time), model ms.
+    #[arg(long, default_value_t = 12.0, allow_negative_numbers = true)]
+    decode_base_ms: f64,
+    /// Per-request part of the step time, model ms.
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    decode_per_req_ms: f64,
+    /// Model seconds per wall second (10 = ten times faster than real time).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    time_scale: f64,
+    /// Prefix-cache block size in prompt characters.
+    #[arg(long, default_value_t = 64)]
+    prefix_block_chars: usize,
+    /// Prefix-cache capacity in tokens (0 disables it).
+    #[arg(long, default_value_t = 65_536)]
+    prefix_cache_tokens: u64,
+    /// Output tokens per SSE event at most (the first token is sent alone).
+    #[arg(long, default_value_t = 4)]
+    tokens_per_chunk: u32,
+    /// Output tokens when a request sets no max_tokens.
+    #[arg(long, default_value_t = 128)]
+    default_max_tokens: u64,
+    /// Fraction of inference requests answered 503.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    fail_rate: f64,
+    /// Recent per-request records kept for /stats.
+    #[arg(long, default_value_t = 4_096)]
+    stats_capacity: usize,
+}
+
+impl Cli {
+    fn config(&self) -> EngineConfig {
+        EngineConfig {
+            flavor: self.flavor,
+            model_name: self.model_name.clone(),
+            kv_capacity_tokens: self.kv_capacity_tokens,
+            max_running: self.max_running,
+            prefill_tps: self.prefill_tps,
+            prefill_chunk_tokens: self.prefill_chunk_tokens,
+            decode_base_ms: self.decode_base_ms,
+            decode_per_req_ms: self.decode_per_req_ms,
+            time_scale: self.time_scale,
+            prefix_block_chars: self.prefix_block_chars,
+            prefix_cache_tokens: self.prefix_cache_tokens,
+            tokens_per_chunk: self.tokens_per_chunk,
+            default_max_tokens: self.default_max_tokens,
+            fail_rate: self.fail_rate,
+            stats_capacity: self.stats_capacity,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = cli.config();
+    if let Err(e) = cfg.validate() {
+        eprintln!("mock-engine: {e}");
+        return ExitCode::from(2);
+    }
+    if cli.engines == 0 {
+        eprintln!("mock-engine: --engines must be at least 1");
+        return ExitCode::from(2);
+    }
+    let engines = match spawn_engines(&cfg, cli.host, cli.base_port, cli.engines).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("mock-engine: cannot start engines: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for e in &engines {
+        println!("mock-engine listening on {} flavor={}", e.url(), cli.flavor);
+    }
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    for e in engines {
+        e.shutdown().await;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,318 @@
+//! Inference routes: OpenAI `/v1/chat/completions` and `/v1/completions`
+//! and SGLang `/generate`, streamed (SSE) or not.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::engine::Engine;
+use super::model::Event;
+use super::prefix_cache::block_hashes;
+use super::requests::{ApiKind, ParsedRequest, TOKEN_TEXT, parse_request};
+use super::snapshot::Timing;
+
+/// An OpenAI-shaped error: `{"error":{"message","type","code"}}`.
+pub(crate) fn error_response(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    code: &str,
+) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "code": code}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The 503 answered by the fault knobs.
+pub(crate) fn unavailable(engine: &Engine, why: &str) -> Response {
+    engine.count_failed();
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        why,
+        "service_unavailable",
+        "mock_fault",
+    )
+}
+
+pub(crate) async fn chat(State(e): State<Arc<Engine>>, h: HeaderMap, body: Bytes) -> Response {
+    infer(e, ApiKind::Chat, h, body).await
+}
+
+pub(crate) async fn completions(
+    State(e): State<Arc<Engine>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    infer(e, ApiKind::Completion, h, body).await
+}
+
+pub(crate) async fn generate(State(e): State<Arc<Engine>>, h: HeaderMap, body: Bytes) -> Response {
+    infer(e, ApiKind::Generate, h, body).await
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Bytes) -> Response {
+    let cfg = engine.config();
+    if cfg.fail_rate > 0.0 && rand::random::<f64>() < cfg.fail_rate {
+        return unavailable(&engine, "engine unavailable (mock --fail-rate)");
+    }
+    let req = match parse_request(kind, &body, cfg.default_max_tokens) {
+        Ok(r) => r,
+        Err(msg) => {
+            engine.count_rejected();
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &msg,
+                "invalid_request_error",
+                "invalid_request",
+            );
+        }
+    };
+    let limit = cfg.max_request_tokens();
+    if req.prompt_tokens + req.max_tokens > limit {
+        engine.count_rejected();
+        let msg = format!(
+            "prompt ({} tokens) plus max_tokens ({}) exceeds the context limit ({limit} tokens)",
+            req.prompt_tokens, req.max_tokens
+        );
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &msg,
+            "invalid_request_error",
+            "context_length_exceeded",
+        );
+    }
+    let hashes = block_hashes(&req.prompt_text, cfg.prefix_block_chars);
+    let id = engine.next_request_id();
+    let client_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let rx = engine.submit(id, client_id, req.prompt_tokens, req.max_tokens, hashes);
+    let frames = Frames::new(&req, id, &cfg.model_name);
+    if req.stream {
+        stream_response(rx, frames, id)
+    } else {
+        full_response(rx, frames, id).await
+    }
+}
+
+fn header_num(v: impl ToString) -> HeaderValue {
+    HeaderValue::from_str(&v.to_string()).unwrap_or(HeaderValue::from_static("0"))
+}
+
+async fn full_response(mut rx: UnboundedReceiver<Event>, f: Frames, id: u64) -> Response {
+    let timing = loop {
+        match rx.recv().await {
+            Some(Event::Tokens(_)) => {}
+            Some(Event::Done(t)) => break t,
+            None => {
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "engine stopped",
+                    "service_unavailable",
+                    "engine_stopped",
+                );
+            }
+        }
+    };
+    let text = TOKEN_TEXT.repeat(timing.output_tokens as usize);
+    let usage = f.usage(&timing);
+    let body = match f.kind {
+        ApiKind::Chat => json!({
+            "id": format!("chatcmpl-mock-{id}"), "object": "chat.completion", "created": f.created,
+            "model": f.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": null, "finish_reason": "length"}],
+            "usage": usage,
+        }),
+        ApiKind::Completion => json!({
+            "id": format!("cmpl-mock-{id}"), "object": "text_completion", "created": f.created,
+            "model": f.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}],
+            "usage": usage,
+        }),
+        ApiKind::Generate => json!({"text": text, "meta_info": f.meta_info(&timing, true)}),
+    };
+    let mut resp = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert("x-mock-request-id", header_num(id));
+    h.insert(
+        "x-mock-queue-ms",
+        header_num(format!("{:.3}", timing.queue_ms)),
+    );
+    h.insert(
+        "x-mock-ttft-ms",
+        header_num(format!("{:.3}", timing.ttft_ms)),
+    );
+    h.insert("x-mock-e2e-ms", header_num(format!("{:.3}", timing.e2e_ms)));
+    h.insert("x-mock-cached-tokens", header_num(timing.cached_tokens));
+    resp
+}
+
+fn stream_response(rx: UnboundedReceiver<Event>, frames: Frames, id: u64) -> Response {
+    let stream =
+        futures_util::stream::unfold((rx, frames, false), |(mut rx, mut f, done)| async move {
+            if done {
+                return None;
+            }
+            match rx.recv().await {
+                Some(Event::Tokens(n)) => {
+                    let b = f.token_frame(n);
+                    Some((Ok::<Bytes, Infallible>(b), (rx, f, false)))
+                }
+                Some(Event::Done(t)) => {
+                    let b = f.final_frames(&t);
+                    Some((Ok(b), (rx, f, true)))
+                }
+                None => None,
+            }
+        });
+    let mut resp = Response::new(Body::from_stream(stream));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-mock-request-id", header_num(id));
+    resp
+}
+
+/// Renders SSE frames and bodies for one request.
+struct Frames {
+    kind: ApiKind,
+    id: u64,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    /// JSON prefix shared by every OpenAI chunk (ends inside `"choices":[`).
+    head: String,
+    sent: u64,
+    /// Cumulative text, for SGLang `/generate` streams.
+    text: String,
+}
+
+impl Frames {
+    fn new(req: &ParsedRequest, id: u64, model: &str) -> Self {
+        let created = unix_now();
+        let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"mock\"".to_string());
+        let (prefix, object) = match req.kind {
+            ApiKind::Chat => ("chatcmpl", "chat.completion.chunk"),
+            _ => ("cmpl", "text_completion"),
+        };
+        let head = format!(
+            "{{\"id\":\"{prefix}-mock-{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model_json},\"choices\":["
+        );
+        Self {
+            kind: req.kind,
+            id,
+            created,
+            model: model.to_string(),
+            include_usage: req.include_usage,
+            head,
+            sent: 0,
+            text: String::new(),
+        }
+    }
+
+    fn usage(&self, t: &Timing) -> serde_json::Value {
+        json!({
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.output_tokens,
+            "total_tokens": t.prompt_tokens + t.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+        })
+    }
+
+    fn meta_info(&self, t: &Timing, finished: bool) -> serde_json::Value {
+        let finish = if finished {
+            json!({"type": "length", "length": t.output_tokens})
+        } else {
+            serde_json::Value::Null
+        };
+        json!({
+            "id": self.id.to_string(),
+            "finish_reason": finish,
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.output_tokens,
+            "cached_tokens": t.cached_tokens,
+            "e2e_latency": t.e2e_ms / 1000.0,
+        })
+    }
+
+    fn token_frame(&mut self, n: u32) -> Bytes {
+        let piece = TOKEN_TEXT.repeat(n as usize);
+        let first = self.sent == 0;
+        self.sent += u64::from(n);
+        let s = match self.kind {
+            ApiKind::Chat => {
+                let role = if first { "\"role\":\"assistant\"," } else { "" };
+                format!(
+                    "data: {}{{\"index\":0,\"delta\":{{{role}\"content\":\"{piece}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                    self.head
+                )
+            }
+            ApiKind::Completion => format!(
+                "data: {}{{\"index\":0,\"text\":\"{piece}\",\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                self.head
+            ),
+            ApiKind::Generate => {
+                self.text.push_str(&piece);
+                let v = json!({"text": self.text, "meta_info": {
+                    "id": self.id.to_string(), "finish_reason": null, "completion_tokens": self.sent}});
+                format!("data: {v}\n\n")
+            }
+        };
+        Bytes::from(s)
+    }
+
+    fn final_frames(&mut self, t: &Timing) -> Bytes {
+        let mut s = String::new();
+        match self.kind {
+            ApiKind::Chat | ApiKind::Completion => {
+                let choice = if self.kind == ApiKind::Chat {
+                    "{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}"
+                } else {
+                    "{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}"
+                };
+                s.push_str(&format!("data: {}{choice}]}}\n\n", self.head));
+                if self.include_usage {
+                    s.push_str(&format!(
+                        "data: {}],\"usage\":{}}}\n\n",
+                        self.head,
+                        self.usage(t)
+                    ));
+                }
+            }
+            ApiKind::Generate => {
+                let v = json!({"text": self.text, "meta_info": self.meta_info(t, true)});
+                s.push_str(&format!("data: {v}\n\n"));
+            }
+        }
+        s.push_str("data: [DONE]\n\n");
+        Bytes::from(s)
+    }
+}

@@ -1,0 +1,203 @@
+//! Parsing of inference request bodies and the token-count rules.
+//!
+//! * Prompt tokens = `ceil(chars / 4)` (Unicode scalar values) of the prompt
+//!   text, at least 1. For chat the text is every message's content
+//!   concatenated in order (string contents, and the `text` of content parts);
+//!   for `/v1/completions` it is `prompt` (a string or a one-string list); for
+//!   `/generate` it is `text`. A prompt given as token ids counts one token per
+//!   id.
+//! * Output tokens = `max_completion_tokens`, else `max_tokens` (chat),
+//!   `max_tokens` (completions) or `sampling_params.max_new_tokens`
+//!   (`/generate`); absent or null means the engine's `--default-max-tokens`.
+//!   The engine always generates exactly that many tokens (finish reason
+//!   `length`); each output token is the 4-character text `"tok "`.
+
+use serde_json::Value;
+
+/// Which route a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completion,
+    /// SGLang's `POST /generate`.
+    Generate,
+}
+
+/// The parts of a request the engine model needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest {
+    /// The route.
+    pub kind: ApiKind,
+    /// Prompt text used for prefix-cache hashing.
+    pub prompt_text: String,
+    /// Prompt tokens by the `ceil(chars / 4)` rule.
+    pub prompt_tokens: u64,
+    /// Output tokens to generate.
+    pub max_tokens: u64,
+    /// Whether to stream SSE events.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// The `model` field, if any.
+    pub model: Option<String>,
+}
+
+/// The text of one generated token.
+pub const TOKEN_TEXT: &str = "tok ";
+
+/// Prompt tokens for a text: `ceil(chars / 4)`, at least 1.
+pub fn prompt_tokens_for(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4).max(1)
+}
+
+fn bad(msg: impl Into<String>) -> String {
+    msg.into()
+}
+
+fn max_tokens_field(v: Option<&Value>, name: &str) -> Result<Option<u64>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(bad(format!("{name} must be a positive integer"))),
+        },
+    }
+}
+
+fn token_ids(v: &Value) -> Option<u64> {
+    let ids = v.as_array()?;
+    ids.iter()
+        .all(Value::is_u64)
+        .then_some((ids.len() as u64).max(1))
+}
+
+fn chat_text(body: &Value) -> Result<String, String> {
+    let msgs = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("messages must be a list"))?;
+    if msgs.is_empty() {
+        return Err(bad("messages must not be empty"));
+    }
+    let mut text = String::new();
+    for m in msgs {
+        match m.get("content") {
+            Some(Value::String(s)) => text.push_str(s),
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    if let Some(t) = p.get("text").and_then(Value::as_str) {
+                        text.push_str(t);
+                    }
+                }
+            }
+            None | Some(Value::Null) => {}
+            Some(_) => return Err(bad("message content must be a string or a list of parts")),
+        }
+    }
+    Ok(text)
+}
+
+/// Parses a request body for `kind`; errors are messages for a 400.
+pub fn parse_request(
+    kind: ApiKind,
+    body: &[u8],
+    default_max_tokens: u64,
+) -> Result<ParsedRequest, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    if !v.is_object() {
+        return Err(bad("request body must be a JSON object"));
+    }
+    let stream = match v.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("stream must be a boolean")),
+    };
+    let include_usage = v
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let model = v.get("model").and_then(Value::as_str).map(str::to_string);
+    let (prompt_text, ids_tokens, max) = match kind {
+        ApiKind::Chat => {
+            let max =
+                match max_tokens_field(v.get("max_completion_tokens"), "max_completion_tokens")? {
+                    Some(n) => Some(n),
+                    None => max_tokens_field(v.get("max_tokens"), "max_tokens")?,
+                };
+            (chat_text(&v)?, None, max)
+        }
+        ApiKind::Completion => {
+            let max = max_tokens_field(v.get("max_tokens"), "max_tokens")?;
+            match v.get("prompt") {
+                Some(Value::String(s)) => (s.clone(), None, max),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                    (a[0].as_str().unwrap_or_default().to_string(), None, max)
+                }
+                Some(p @ Value::Array(_)) => match token_ids(p) {
+                    Some(n) => (p.to_string(), Some(n), max),
+                    None => return Err(bad("batched prompts are not supported")),
+                },
+                _ => return Err(bad("prompt must be a string or a list of token ids")),
+            }
+        }
+        ApiKind::Generate => {
+            let max = max_tokens_field(
+                v.pointer("/sampling_params/max_new_tokens"),
+                "max_new_tokens",
+            )?;
+            match (v.get("text"), v.get("input_ids")) {
+                (Some(Value::String(s)), _) => (s.clone(), None, max),
+                (_, Some(ids)) => match token_ids(ids) {
+                    Some(n) => (ids.to_string(), Some(n), max),
+                    None => return Err(bad("input_ids must be a list of token ids")),
+                },
+                _ => return Err(bad("text must be a string")),
+            }
+        }
+    };
+    let prompt_tokens = ids_tokens.unwrap_or_else(|| prompt_tokens_for(&prompt_text));
+    Ok(ParsedRequest {
+        kind,
+        prompt_tokens,
+        prompt_text,
+        max_tokens: max.unwrap_or(default_max_tokens),
+        stream,
+        include_usage,
+        model,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_rules() {
+        assert_eq!(prompt_tokens_for(""), 1);
+        assert_eq!(prompt_tokens_for("abcd"), 1);
+        assert_eq!(prompt_tokens_for("abcde"), 2);
+        let body = br#"{"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"text","text":"efghi"}]}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true}}"#;
+        let p = parse_request(ApiKind::Chat, body, 16).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (p.prompt_tokens, p.max_tokens, p.stream, p.include_usage),
+            (3, 7, true, true)
+        );
+        let p = parse_request(ApiKind::Completion, br#"{"prompt":[1,2,3]}"#, 16)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((p.prompt_tokens, p.max_tokens), (3, 16));
+        let p = parse_request(
+            ApiKind::Generate,
+            br#"{"text":"abcdefgh","sampling_params":{"max_new_tokens":5}}"#,
+            16,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((p.prompt_tokens, p.max_tokens), (2, 5));
+        assert!(parse_request(ApiKind::Chat, b"{nope", 16).is_err());
+        assert!(parse_request(ApiKind::Chat, br#"{"messages":[],"max_tokens":1}"#, 16).is_err());
+        assert!(
+            parse_request(ApiKind::Completion, br#"{"prompt":"a","max_tokens":0}"#, 16).is_err()
+        );
+    }
+}

@@ -1,0 +1,117 @@
+//! Helpers shared by the mock-engine integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shoal_tests::client::{HttpClient, HttpResponse};
+use shoal_tests::mock::{EngineConfig, EngineHandle, ModelSnapshot, spawn_engine};
+
+/// Starts an engine on an ephemeral loopback port.
+pub async fn start(cfg: EngineConfig) -> EngineHandle {
+    spawn_engine(cfg, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// `chars` characters of text unique to `seed` (no accidental prefix hits).
+pub fn text(seed: u64, chars: usize) -> String {
+    let mut x = seed
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407);
+    (0..chars)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(b'a' + ((x >> 33) % 26) as u8)
+        })
+        .collect()
+}
+
+/// A chat request body with one user message.
+pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "model": "mock",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+/// Polls `f` every 2 ms until it is true; panics after `timeout`.
+pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not met in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Fetches `path` while the model state does not change, returning the
+/// snapshot the body was rendered from.
+pub async fn consistent<F, Fut>(h: &EngineHandle, fetch: F) -> (ModelSnapshot, HttpResponse)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = HttpResponse>,
+{
+    for _ in 0..100 {
+        let before = h.snapshot();
+        let resp = fetch().await;
+        let after = h.snapshot();
+        if before.version == after.version {
+            return (after, resp);
+        }
+    }
+    panic!("model state never held still");
+}
+
+/// `GET url` through a fresh client.
+pub async fn get(client: &HttpClient, url: String) -> HttpResponse {
+    client.get(&url).await.unwrap()
+}
+
+/// Samples of metric `name` in Prometheus text: (label block, raw value).
+pub fn samples(text: &str, name: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = match series.find('{') {
+                Some(i) => (&series[..i], &series[i..]),
+                None => (series, ""),
+            };
+            (n == name).then(|| (labels.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+/// The single sample of `name`, parsed.
+pub fn sample(text: &str, name: &str) -> f64 {
+    let s = samples(text, name);
+    assert_eq!(s.len(), 1, "{name} in:\n{text}");
+    s[0].1.parse().unwrap()
+}
+
+/// Whether `text` declares `# TYPE name kind`.
+pub fn has_type(text: &str, name: &str, kind: &str) -> bool {
+    text.lines().any(|l| l == format!("# TYPE {name} {kind}"))
+}
+
+/// The sorted keys of a JSON object.
+pub fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+/// Sorted owned strings.
+pub fn sorted(k: &[&str]) -> Vec<String> {
+    let mut k: Vec<String> = k.iter().map(|s| s.to_string()).collect();
+    k.sort();
+    k
+}
