@@ -1,8 +1,42 @@
 //! Shoal's mesh: membership, the mTLS load plane and the CRDT fleet state.
 //!
-//! This crate is a placeholder until the mesh issue lands; the router already
-//! reads load through its `FleetView`, which the mesh will fill with
-//! fleet-wide numbers. It depends only on `shoal-proto` so the layering
-//! router -> mesh -> proto holds from the start.
+//! Every replica runs a [`Mesh`]. Chitchat gossip ([`membership`]) tells it
+//! who else is around; it keeps a mutually authenticated QUIC link to each
+//! live peer and pushes its own per-worker slots over it every sync
+//! interval; what peers push is merged into the CRDT [`state::FleetState`]
+//! and published per worker, so the router reads fleet-wide load through a
+//! [`WorkerSlot`] without locks or allocation.
+//!
+//! Trust: chitchat is unauthenticated, so it is only a hint. A peer's load
+//! counts only while its QUIC link is up, its certificate chains to the
+//! cluster CA and names the node its frames claim, and gossip lists that
+//! incarnation as alive (the newest generation of its name).
+//!
+//! This crate knows nothing of HTTP or routing policies.
 
+mod config;
+mod core;
+mod gossip_transport;
+pub mod identity;
+mod membership;
+mod mesh;
+pub mod ownership;
+mod push;
+mod registry;
+mod session;
+mod slot;
+pub mod state;
+mod status;
+mod tap;
+mod telemetry;
+pub mod tls;
+mod wire;
+
+pub use config::{FailureDetectorSettings, MeshConfig, PemSource, TlsConfig};
+pub use identity::Incarnation;
+pub use mesh::{Mesh, MeshError, Readiness};
 pub use shoal_proto as proto;
+pub use slot::{FleetLoad, PollStamp, SlotBooking, SlotValues, SnapshotView, WorkerSlot};
+pub use status::{MemberStatus, MeshStatus, ReplicaShare, SnapshotStatus, WorkerStatus};
+pub use tap::FrameTap;
+pub use telemetry::TrafficStatus;

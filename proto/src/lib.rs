@@ -4,6 +4,7 @@
 //! proto) so that the load a router polls from an engine, and later the frames
 //! replicas exchange, have one definition that both sides agree on.
 
+pub mod frames;
 pub mod load;
 
 pub use load::{EngineKind, EngineLoad, LoadSnapshot};

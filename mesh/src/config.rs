@@ -1,0 +1,198 @@
+//! How a mesh is configured: identity, addresses, TLS material and timings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::tap::FrameTap;
+
+/// PEM text, given inline or read from a file at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PemSource {
+    /// Read the PEM from this file when the mesh starts.
+    Path(PathBuf),
+    /// Use these PEM bytes as they are.
+    Bytes(Vec<u8>),
+}
+
+impl PemSource {
+    /// The PEM bytes, reading the file if needed.
+    pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        match self {
+            PemSource::Path(path) => std::fs::read(path),
+            PemSource::Bytes(bytes) => Ok(bytes.clone()),
+        }
+    }
+}
+
+/// The cluster CA and this node's certificate chain and private key. The
+/// certificate must name the node (a DNS SAN equal to the node name) and
+/// allow both server and client authentication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// CA certificate(s) every peer certificate must chain to.
+    pub ca: PemSource,
+    /// This node's certificate chain, leaf first.
+    pub cert: PemSource,
+    /// This node's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PemSource,
+}
+
+/// Settings of chitchat's phi-accrual failure detector and gossip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureDetectorSettings {
+    /// How often a node gossips with a few random peers.
+    pub gossip_interval: Duration,
+    /// Phi above which a peer is declared dead.
+    pub phi_threshold: f64,
+    /// Heartbeat intervals kept to estimate the arrival distribution.
+    pub sampling_window: usize,
+    /// Heartbeat gaps longer than this are ignored as outliers.
+    pub max_interval: Duration,
+    /// Assumed heartbeat interval before any sample exists.
+    pub initial_interval: Duration,
+    /// How long a dead node stays listed before chitchat forgets it.
+    pub dead_node_grace_period: Duration,
+}
+
+impl Default for FailureDetectorSettings {
+    fn default() -> Self {
+        Self {
+            gossip_interval: Duration::from_millis(200),
+            phi_threshold: 8.0,
+            sampling_window: 1000,
+            max_interval: Duration::from_secs(5),
+            initial_interval: Duration::from_secs(1),
+            dead_node_grace_period: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Everything [`crate::Mesh::start`] needs.
+#[derive(Clone)]
+pub struct MeshConfig {
+    /// Node name: a DNS name, unique in the cluster, named by the certificate.
+    pub node_name: String,
+    /// Cluster id; gossip and load frames from another cluster are refused.
+    pub cluster_id: String,
+    /// UDP address chitchat binds (port 0 picks a free port).
+    pub gossip_bind: SocketAddr,
+    /// UDP address the QUIC load plane binds (port 0 picks a free port).
+    pub quic_bind: SocketAddr,
+    /// Host (IP or DNS name) peers use to reach this node; `None` uses the
+    /// bind IP, which must then not be unspecified.
+    pub advertise_host: Option<String>,
+    /// Seeds as `host:port` gossip addresses; DNS names are re-resolved
+    /// every [`MeshConfig::seed_refresh_interval`].
+    pub seeds: Vec<String>,
+    /// HTTP address published for `/mesh/status` readers (metadata only).
+    pub http_addr: Option<String>,
+    /// Version string published in the gossip metadata.
+    pub version: String,
+    /// mTLS material for the load plane.
+    pub tls: TlsConfig,
+    /// How often changed slot values are pushed (coalesced). Default 20 ms.
+    pub sync_interval: Duration,
+    /// How often a full copy of the own slots is pushed. Default 5 s.
+    pub anti_entropy_interval: Duration,
+    /// Gossip and failure-detector settings.
+    pub failure_detector: FailureDetectorSettings,
+    /// A load link silent for this long is closed and its peer stops
+    /// counting. Default 3 s.
+    pub link_idle_timeout: Duration,
+    /// Keep-alive interval on load links (well below the idle timeout).
+    pub link_keepalive: Duration,
+    /// How often DNS seeds are re-resolved and re-contacted. Default 30 s.
+    pub seed_refresh_interval: Duration,
+    /// How long the slots of a dead incarnation are kept before they are
+    /// folded into the per-worker retired total. Default 10 min.
+    pub forget_dead_after: Duration,
+    /// Test hook: sees every received update before it is merged.
+    pub tap: Option<Arc<dyn FrameTap>>,
+}
+
+impl std::fmt::Debug for MeshConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshConfig")
+            .field("node_name", &self.node_name)
+            .field("cluster_id", &self.cluster_id)
+            .field("gossip_bind", &self.gossip_bind)
+            .field("quic_bind", &self.quic_bind)
+            .field("advertise_host", &self.advertise_host)
+            .field("seeds", &self.seeds)
+            .field("sync_interval", &self.sync_interval)
+            .field("anti_entropy_interval", &self.anti_entropy_interval)
+            .field("failure_detector", &self.failure_detector)
+            .field("tap", &self.tap.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MeshConfig {
+    /// A config with the default timings; addresses and TLS must be given.
+    pub fn new(
+        node_name: impl Into<String>,
+        cluster_id: impl Into<String>,
+        gossip_bind: SocketAddr,
+        quic_bind: SocketAddr,
+        tls: TlsConfig,
+    ) -> Self {
+        Self {
+            node_name: node_name.into(),
+            cluster_id: cluster_id.into(),
+            gossip_bind,
+            quic_bind,
+            advertise_host: None,
+            seeds: Vec::new(),
+            http_addr: None,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            tls,
+            sync_interval: Duration::from_millis(20),
+            anti_entropy_interval: Duration::from_secs(5),
+            failure_detector: FailureDetectorSettings::default(),
+            link_idle_timeout: Duration::from_secs(3),
+            link_keepalive: Duration::from_millis(500),
+            seed_refresh_interval: Duration::from_secs(30),
+            forget_dead_after: Duration::from_secs(600),
+            tap: None,
+        }
+    }
+
+    /// Rejects settings the mesh cannot run with, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !crate::identity::valid_node_name(&self.node_name) {
+            return Err(format!(
+                "node_name {:?} must be a DNS name (letters, digits, '-', '.')",
+                self.node_name
+            ));
+        }
+        if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
+            return Err("cluster_id must be 1..=128 bytes".into());
+        }
+        let positive = [
+            ("sync_interval", self.sync_interval),
+            ("anti_entropy_interval", self.anti_entropy_interval),
+            ("gossip_interval", self.failure_detector.gossip_interval),
+            ("link_idle_timeout", self.link_idle_timeout),
+            ("link_keepalive", self.link_keepalive),
+            ("seed_refresh_interval", self.seed_refresh_interval),
+        ];
+        for (name, value) in positive {
+            if value.is_zero() {
+                return Err(format!("{name} must be greater than zero"));
+            }
+        }
+        if self.link_keepalive >= self.link_idle_timeout {
+            return Err("link_keepalive must be shorter than link_idle_timeout".into());
+        }
+        let phi = self.failure_detector.phi_threshold;
+        if !phi.is_finite() || phi <= 0.0 {
+            return Err("failure_detector.phi_threshold must be finite and > 0".into());
+        }
+        if self.failure_detector.sampling_window == 0 {
+            return Err("failure_detector.sampling_window must be > 0".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,379 @@
+//! Starting and stopping a mesh node, and the API the router uses.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chitchat::transport::Transport;
+use chitchat::{
+    ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
+};
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Endpoint, IdleTimeout, TransportConfig, VarInt};
+use shoal_proto::LoadSnapshot;
+use tokio::task::JoinHandle;
+
+use crate::config::MeshConfig;
+use crate::core::{Core, READINESS_LEFT};
+use crate::gossip_transport::PreBound;
+use crate::identity::{Incarnation, next_generation};
+use crate::membership::{self, Dialers, KEY_HTTP, KEY_QUIC, KEY_READINESS, KEY_VERSION};
+use crate::push::LinkTimings;
+use crate::slot::{OwnSnapshot, WorkerEntry, WorkerSlot};
+use crate::state::SnapshotValue;
+use crate::status::{self, MeshStatus};
+use crate::tls;
+
+/// Why a mesh could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// A config field is invalid.
+    #[error("invalid mesh config: {0}")]
+    Config(String),
+    /// The TLS material could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// A socket could not be bound or an address resolved.
+    #[error("mesh network setup: {0}")]
+    Io(String),
+}
+
+/// Readiness a replica publishes to its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Accepting new requests.
+    Serving,
+    /// Finishing in-flight requests, accepting no new ones.
+    Draining,
+}
+
+impl Readiness {
+    /// The gossip value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Serving => "serving",
+            Readiness::Draining => "draining",
+        }
+    }
+}
+
+/// A running mesh node. Dropping it stops every task abruptly (peers see a
+/// crash); call [`Mesh::shutdown`] to leave the cluster gracefully.
+pub struct Mesh {
+    core: Arc<Core>,
+    chitchat: Arc<ChitchatHandle>,
+    endpoint: Endpoint,
+    dialers: Arc<tokio::sync::Mutex<Dialers>>,
+    membership_task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    gossip_addr: SocketAddr,
+    quic_addr: SocketAddr,
+    gossip_interval: Duration,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("me", &self.core.me)
+            .field("gossip_addr", &self.gossip_addr)
+            .field("quic_addr", &self.quic_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn advertise_ip(config: &MeshConfig) -> Result<IpAddr, MeshError> {
+    let ip = match &config.advertise_host {
+        Some(host) => match host.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => tokio::net::lookup_host((host.as_str(), 0))
+                .await
+                .map_err(|e| MeshError::Io(format!("resolving advertise host {host}: {e}")))?
+                .next()
+                .map(|a| a.ip())
+                .ok_or_else(|| MeshError::Io(format!("advertise host {host} has no address")))?,
+        },
+        None => config.quic_bind.ip(),
+    };
+    if ip.is_unspecified() {
+        return Err(MeshError::Config(
+            "advertise_host is required when binding an unspecified address".into(),
+        ));
+    }
+    Ok(ip)
+}
+
+fn transport(config: &MeshConfig) -> Result<TransportConfig, MeshError> {
+    let mut t = TransportConfig::default();
+    let idle = IdleTimeout::try_from(config.link_idle_timeout)
+        .map_err(|e| MeshError::Config(format!("link_idle_timeout: {e}")))?;
+    t.max_idle_timeout(Some(idle))
+        .keep_alive_interval(Some(config.link_keepalive))
+        .max_concurrent_uni_streams(VarInt::from_u32(1))
+        .max_concurrent_bidi_streams(VarInt::from_u32(0));
+    Ok(t)
+}
+
+fn endpoint(config: &MeshConfig, tls: tls::TlsConfigs) -> Result<Endpoint, MeshError> {
+    let transport = Arc::new(transport(config)?);
+    let server_crypto =
+        QuicServerConfig::try_from(tls.server).map_err(|e| MeshError::Config(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+    server.transport_config(transport.clone());
+    let client_crypto =
+        QuicClientConfig::try_from(tls.client).map_err(|e| MeshError::Config(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
+    client.transport_config(transport);
+    let mut endpoint = Endpoint::server(server, config.quic_bind)
+        .map_err(|e| MeshError::Io(format!("binding QUIC {}: {e}", config.quic_bind)))?;
+    endpoint.set_default_client_config(client);
+    Ok(endpoint)
+}
+
+impl Mesh {
+    /// Binds the gossip and QUIC sockets, joins the cluster through the
+    /// seeds and starts pushing this node's slots. Must run in a Tokio
+    /// runtime; the background tasks live on it.
+    pub async fn start(config: MeshConfig) -> Result<Mesh, MeshError> {
+        config.validate().map_err(MeshError::Config)?;
+        let tls = tls::load(&config.tls)?;
+        let ip = advertise_ip(&config).await?;
+        let me = Incarnation::new(config.node_name.as_str(), next_generation(0));
+        let core = Arc::new(Core::new(
+            me.clone(),
+            config.cluster_id.clone(),
+            config.tap.clone(),
+            config.forget_dead_after,
+        ));
+        let endpoint = endpoint(&config, tls)?;
+        let quic_port = endpoint
+            .local_addr()
+            .map_err(|e| MeshError::Io(e.to_string()))?
+            .port();
+        let quic_addr = SocketAddr::new(ip, quic_port);
+        let (gossip_transport, gossip_local) = PreBound::bind(config.gossip_bind, core.clone())
+            .await
+            .map_err(|e| MeshError::Io(e.to_string()))?;
+        let gossip_addr = SocketAddr::new(ip, gossip_local.port());
+        let fd = &config.failure_detector;
+        let chitchat_config = ChitchatConfig {
+            chitchat_id: ChitchatId::new(me.name.clone(), me.generation, gossip_addr),
+            cluster_id: config.cluster_id.clone(),
+            gossip_interval: fd.gossip_interval,
+            listen_addr: gossip_local,
+            seed_nodes: config.seeds.clone(),
+            failure_detector_config: FailureDetectorConfig {
+                phi_threshold: fd.phi_threshold,
+                sampling_window_size: fd.sampling_window,
+                max_interval: fd.max_interval,
+                initial_interval: fd.initial_interval,
+                dead_node_grace_period: fd.dead_node_grace_period,
+            },
+            marked_for_deletion_grace_period: Duration::from_secs(3600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V0,
+        };
+        let mut keys = vec![
+            (KEY_QUIC.to_string(), quic_addr.to_string()),
+            (KEY_VERSION.to_string(), config.version.clone()),
+            (KEY_READINESS.to_string(), "serving".to_string()),
+        ];
+        if let Some(http) = &config.http_addr {
+            keys.push((KEY_HTTP.to_string(), http.clone()));
+        }
+        let transport: &dyn Transport = &gossip_transport;
+        let chitchat = Arc::new(
+            chitchat::spawn_chitchat(chitchat_config, keys, transport)
+                .await
+                .map_err(|e| MeshError::Io(format!("starting gossip: {e}")))?,
+        );
+        let timings = LinkTimings {
+            sync: config.sync_interval,
+            anti_entropy: config.anti_entropy_interval,
+            connect_timeout: config.link_idle_timeout,
+        };
+        let dialers = Arc::new(tokio::sync::Mutex::new(Dialers::default()));
+        let mut tasks = vec![tokio::spawn(crate::session::accept_loop(
+            core.clone(),
+            endpoint.clone(),
+            timings,
+        ))];
+        if !config.seeds.is_empty() {
+            tasks.push(tokio::spawn(membership::refresh_seeds(
+                chitchat.clone(),
+                config.seeds.clone(),
+                gossip_local,
+                config.seed_refresh_interval,
+            )));
+        }
+        let membership_task = tokio::spawn(membership::run(
+            core.clone(),
+            chitchat.clone(),
+            endpoint.clone(),
+            dialers.clone(),
+            timings,
+            fd.gossip_interval.min(Duration::from_millis(100)),
+        ));
+        tracing::info!(node = %me, %gossip_addr, %quic_addr, "mesh started");
+        Ok(Mesh {
+            core,
+            chitchat,
+            endpoint,
+            dialers,
+            membership_task: Some(membership_task),
+            tasks,
+            gossip_addr,
+            quic_addr,
+            gossip_interval: fd.gossip_interval,
+        })
+    }
+
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> &Incarnation {
+        &self.core.me
+    }
+
+    /// Gossip address peers use for this node (use it as a seed).
+    pub fn gossip_addr(&self) -> SocketAddr {
+        self.gossip_addr
+    }
+
+    /// QUIC load-plane address peers use for this node.
+    pub fn quic_addr(&self) -> SocketAddr {
+        self.quic_addr
+    }
+
+    /// The handle of worker `key` (its base URL), registered if new. Hold it:
+    /// booking and reading through it never lock.
+    pub fn worker(&self, key: &str) -> WorkerSlot {
+        let entry = self
+            .core
+            .registry
+            .get_or_create(key, false)
+            // Only past 2^32 keys: such a worker still works locally.
+            .unwrap_or_else(|| Arc::new(WorkerEntry::new(Arc::from(key), u32::MAX)));
+        WorkerSlot { entry }
+    }
+
+    /// Shares a snapshot this node polled. `snapshot.polled_at_unix_ms` and
+    /// `dispatched_mark` should come from [`WorkerSlot::poll_stamp`] taken
+    /// when the poll started; the poller is always this node.
+    pub fn publish_snapshot(&self, slot: &WorkerSlot, snapshot: &LoadSnapshot) {
+        let value = SnapshotValue {
+            source: snapshot.source,
+            load: snapshot.load,
+            dispatched_mark: snapshot.dispatched_mark,
+        };
+        let polled_at =
+            self.core
+                .apply_own_snapshot(&slot.entry.key, value, snapshot.polled_at_unix_ms);
+        let seq = slot
+            .entry
+            .own_snapshot
+            .load()
+            .as_ref()
+            .map_or(1, |s| s.seq + 1);
+        slot.entry.own_snapshot.store(Arc::new(Some(OwnSnapshot {
+            seq,
+            source: snapshot.source,
+            load: snapshot.load,
+            polled_at_unix_ms: polled_at,
+            dispatched_mark: snapshot.dispatched_mark,
+        })));
+    }
+
+    /// True when this node is the poll owner of `worker` among the live
+    /// verified members (rendezvous hashing). Alone, it owns everything.
+    pub fn owns(&self, worker: &str) -> bool {
+        let owners = self.core.owners.load();
+        crate::ownership::owner(&owners, worker).is_some_and(|o| *o == self.core.me.name)
+    }
+
+    /// Name of the poll owner of `worker`.
+    pub fn owner(&self, worker: &str) -> Option<String> {
+        let owners = self.core.owners.load();
+        crate::ownership::owner(&owners, worker).map(|o| o.to_string())
+    }
+
+    /// Names of the live verified members, this node included, sorted.
+    pub fn members(&self) -> Vec<String> {
+        self.core
+            .owners
+            .load()
+            .iter()
+            .map(|n| n.to_string())
+            .collect()
+    }
+
+    /// Publishes this node's readiness in gossip.
+    pub async fn set_readiness(&self, readiness: Readiness) {
+        self.set_key(KEY_READINESS, readiness.as_str()).await;
+    }
+
+    /// Publishes this node's HTTP address in gossip.
+    pub async fn set_http_addr(&self, addr: &str) {
+        self.set_key(KEY_HTTP, addr).await;
+    }
+
+    async fn set_key(&self, key: &str, value: &str) {
+        self.chitchat
+            .with_chitchat(|c| c.self_node_state().set(key, value))
+            .await;
+    }
+
+    /// The `/mesh/status` view.
+    pub fn status(&self) -> MeshStatus {
+        status::build(
+            &self.core,
+            self.gossip_addr.to_string(),
+            self.quic_addr.to_string(),
+        )
+    }
+
+    /// Leaves the cluster: gossips `left`, sends `Bye` on every load link
+    /// (peers stop counting this node at once), then closes everything.
+    /// Bounded to about two seconds.
+    pub async fn shutdown(mut self) {
+        self.set_key(KEY_READINESS, READINESS_LEFT).await;
+        if let Some(task) = self.membership_task.take() {
+            task.abort();
+        }
+        // Every session pushes its last changes and says `Bye`.
+        self.core.shutdown.send_replace(true);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(800);
+        while !self.core.book().links.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.dialers
+            .lock()
+            .await
+            .join_all(Duration::from_millis(200))
+            .await;
+        // Let one or two gossip rounds carry `left`.
+        tokio::time::sleep((self.gossip_interval * 2).min(Duration::from_millis(500))).await;
+        self.endpoint.close(0u32.into(), b"shutdown");
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+        let _ = self.chitchat.initiate_shutdown();
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        tracing::info!(node = %self.core.me, "mesh left the cluster");
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        if let Some(task) = self.membership_task.take() {
+            task.abort();
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        if let Ok(mut dialers) = self.dialers.try_lock() {
+            dialers.abort_all();
+        }
+        self.chitchat.abort();
+        // Ends every session (peers see the connection close).
+        self.endpoint.close(0u32.into(), b"dropped");
+    }
+}

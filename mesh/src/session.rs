@@ -1,0 +1,226 @@
+//! Load sessions: one mutually authenticated QUIC connection per pair of
+//! replicas, carrying one unidirectional stream each way. The replica with
+//! the smaller name dials; both then send `Hello`, verify the other's, and
+//! push their own slots while merging the peer's. Sharing one connection
+//! lets each side's ACKs ride on its own data packets.
+//!
+//! A peer counts only after (1) rustls verified its certificate against the
+//! cluster CA (as client or server), (2) its `Hello` is for our cluster, and
+//! (3) that certificate is valid for the node name the `Hello` claims (and,
+//! when we dialed, for the name we dialed). Anything else is dropped,
+//! counted and closed. Frames that fail to decode are dropped and counted;
+//! an oversized length prefix closes the session (framing is lost).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn::{Connection, Endpoint, Incoming, RecvStream};
+use rustls_pki_types::CertificateDer;
+use shoal_proto::frames::{Frame, Hello};
+
+use crate::core::{Core, LinkInfo};
+use crate::identity::{Incarnation, valid_node_name};
+use crate::push::{LinkTimings, push};
+use crate::tls::cert_names_node;
+use crate::wire::{Read, StreamError, read_frame, write_frame};
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// True when this node dials `peer` (the other side waits to be dialed).
+pub(crate) fn dials(me: &Incarnation, peer: &Incarnation) -> bool {
+    me.name < peer.name
+}
+
+fn refuse(core: &Core, conn: &Connection, reason: &'static str) {
+    core.telemetry.dropped(reason);
+    conn.close(1u32.into(), reason.as_bytes());
+}
+
+/// Accepts sessions until the endpoint closes.
+pub(crate) async fn accept_loop(core: Arc<Core>, endpoint: Endpoint, timings: LinkTimings) {
+    while let Some(incoming) = endpoint.accept().await {
+        tokio::spawn(accept(core.clone(), incoming, timings));
+    }
+}
+
+async fn accept(core: Arc<Core>, incoming: Incoming, timings: LinkTimings) {
+    match tokio::time::timeout(HELLO_TIMEOUT, incoming).await {
+        Ok(Ok(conn)) => session(&core, &conn, None, timings).await,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "mesh inbound handshake failed");
+            core.telemetry.dropped("handshake");
+        }
+        Err(_) => core.telemetry.dropped("handshake"),
+    }
+}
+
+/// Keeps a session with `peer` at `addr` up until the task is aborted or
+/// the mesh shuts down, reconnecting with backoff.
+pub(crate) async fn dial_loop(
+    core: Arc<Core>,
+    endpoint: Endpoint,
+    peer: Incarnation,
+    addr: SocketAddr,
+    timings: LinkTimings,
+) {
+    let mut backoff = Duration::from_millis(50);
+    let mut shutdown = core.shutdown.subscribe();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let connecting = match endpoint.connect(addr, &peer.name) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(peer = %peer, error = %e, "mesh connect refused");
+                return;
+            }
+        };
+        match tokio::time::timeout(timings.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => {
+                backoff = Duration::from_millis(50);
+                session(&core, &conn, Some(&peer.name), timings).await;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %peer, error = %e, "mesh handshake failed");
+                core.telemetry.dropped("handshake");
+            }
+            Err(_) => tracing::debug!(peer = %peer, "mesh connect timed out"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Sends our `Hello`, then reads and verifies the peer's.
+async fn handshake(
+    core: &Core,
+    conn: &Connection,
+    dialed: Option<&str>,
+) -> Result<(quinn::SendStream, RecvStream, Incarnation), &'static str> {
+    let leaf = conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|chain| chain.first().cloned())
+        .ok_or("no_certificate")?;
+    let mut send = conn.open_uni().await.map_err(|_| "no_hello")?;
+    let hello = Frame::Hello(Hello {
+        cluster_id: core.cluster_id.clone(),
+        node: core.me.name.to_string(),
+        generation: core.me.generation,
+    });
+    let bytes = write_frame(&mut send, &hello)
+        .await
+        .map_err(|_| "no_hello")?;
+    core.telemetry.frame_sent(bytes);
+    let read = async {
+        let mut recv = conn.accept_uni().await.ok()?;
+        match read_frame(&mut recv).await {
+            Ok(Read::Frame(Frame::Hello(hello), bytes)) => Some((recv, hello, bytes)),
+            _ => None,
+        }
+    };
+    let (recv, hello, bytes) = tokio::time::timeout(HELLO_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+        .ok_or("no_hello")?;
+    core.telemetry.frame_received(bytes);
+    if hello.cluster_id != core.cluster_id {
+        return Err("wrong_cluster");
+    }
+    let named = valid_node_name(&hello.node)
+        && hello.node != *core.me.name
+        && dialed.is_none_or(|d| d == hello.node)
+        && cert_names_node(&leaf, &hello.node);
+    if !named {
+        tracing::warn!(claimed = %hello.node, "mesh peer certificate does not name it");
+        return Err("unverified");
+    }
+    Ok((send, recv, Incarnation::new(hello.node, hello.generation)))
+}
+
+/// Runs one session on an established connection until either side ends.
+async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: LinkTimings) {
+    let (mut send, mut recv, peer) = match handshake(core, conn, dialed).await {
+        Ok(ok) => ok,
+        Err(reason) => {
+            refuse(core, conn, reason);
+            return;
+        }
+    };
+    let conn_id = conn.stable_id();
+    {
+        let mut book = core.book();
+        book.links.insert(
+            peer.clone(),
+            LinkInfo {
+                conn_id,
+                remote: conn.remote_address(),
+                last_frame: Instant::now(),
+            },
+        );
+        core.refresh_membership(&mut book);
+    }
+    tracing::info!(peer = %peer, "mesh peer verified");
+    let shutdown = core.shutdown.subscribe();
+    tokio::select! {
+        result = push(core, conn, &mut send, timings, shutdown) => {
+            if let Err(e) = result {
+                tracing::debug!(peer = %peer, error = %e, "mesh push ended");
+            }
+        }
+        () = receive(core, conn, &peer, &mut recv) => {}
+    }
+    conn.close(0u32.into(), b"done");
+    let mut book = core.book();
+    if book.links.get(&peer).is_some_and(|l| l.conn_id == conn_id) {
+        book.links.remove(&peer);
+    }
+    core.refresh_membership(&mut book);
+}
+
+/// Merges the peer's frames until its stream ends, it says `Bye`, or its
+/// framing breaks.
+async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut RecvStream) {
+    let mut dict: HashMap<u32, Arc<str>> = HashMap::new();
+    loop {
+        match read_frame(recv).await {
+            Ok(Read::Frame(Frame::Update(update), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                let updates = match &core.tap {
+                    Some(tap) => tap.on_update(peer, update),
+                    None => vec![update],
+                };
+                for update in updates {
+                    core.apply_update(peer, &mut dict, update);
+                }
+            }
+            Ok(Read::Frame(Frame::Bye, bytes)) => {
+                core.telemetry.frame_received(bytes);
+                let mut book = core.book();
+                book.left.insert(peer.clone());
+                core.refresh_membership(&mut book);
+                drop(book);
+                tracing::info!(peer = %peer, "mesh peer left");
+                return;
+            }
+            Ok(Read::Frame(Frame::Hello(_), _)) => core.telemetry.dropped("unexpected_hello"),
+            Ok(Read::Bad(e)) => {
+                tracing::debug!(peer = %peer, error = %e, "mesh frame dropped");
+                core.telemetry.dropped(e.reason());
+            }
+            Ok(Read::End) => return,
+            Err(StreamError::TooLarge(_)) => {
+                refuse(core, conn, "oversize");
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}

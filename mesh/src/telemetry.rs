@@ -1,0 +1,162 @@
+//! Mesh counters: kept as atomics for `/mesh/status` and mirrored to the
+//! `metrics` facade for Prometheus.
+//!
+//! Metric names: `shoal_mesh_members`, `shoal_mesh_peers_connected`
+//! (gauges); `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
+//! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
+//! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
+//! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`
+//! (counters);
+//! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
+//! previous read of its slots to the merge here, an upper bound on how stale
+//! a change carried by the frame was when it became visible).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+const LAG_SAMPLES: usize = 2048;
+
+/// Counters of one mesh node.
+#[derive(Debug, Default)]
+pub(crate) struct Telemetry {
+    frames_sent: AtomicU64,
+    frames_received: AtomicU64,
+    frames_dropped: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    gossip_bytes_sent: AtomicU64,
+    gossip_bytes_received: AtomicU64,
+    link_wire_bytes: AtomicU64,
+    lag_us: Mutex<VecDeque<u64>>,
+}
+
+/// Totals for `/mesh/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TrafficStatus {
+    /// Load frames sent to peers.
+    pub frames_sent: u64,
+    /// Load frames received and accepted.
+    pub frames_received: u64,
+    /// Frames, connections and datagrams dropped as bad or unauthenticated.
+    pub frames_dropped: u64,
+    /// Load-plane payload bytes sent (frames with their length prefix).
+    pub bytes_sent: u64,
+    /// Load-plane payload bytes received.
+    pub bytes_received: u64,
+    /// Gossip bytes sent (chitchat datagrams).
+    pub gossip_bytes_sent: u64,
+    /// Gossip bytes received (valid chitchat datagrams).
+    pub gossip_bytes_received: u64,
+    /// UDP bytes (both ways, QUIC headers, ACKs and keep-alives included)
+    /// of this node's outbound load links.
+    pub link_wire_bytes: u64,
+    /// Median convergence lag over the recent frames, ms.
+    pub convergence_lag_p50_ms: Option<f64>,
+    /// 99th percentile of the same, ms.
+    pub convergence_lag_p99_ms: Option<f64>,
+}
+
+impl Telemetry {
+    pub(crate) fn frame_sent(&self, bytes: usize) {
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        self.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_frames_sent_total").increment(1);
+        metrics::counter!("shoal_mesh_bytes_sent_total").increment(bytes as u64);
+    }
+
+    pub(crate) fn frame_received(&self, bytes: usize) {
+        self.frames_received.fetch_add(1, Ordering::Relaxed);
+        self.bytes_received
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_frames_received_total").increment(1);
+        metrics::counter!("shoal_mesh_bytes_received_total").increment(bytes as u64);
+    }
+
+    /// Counts one dropped frame, refused connection or bad entry.
+    pub(crate) fn dropped(&self, reason: &'static str) {
+        self.frames_dropped.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn gossip_sent(&self, bytes: usize) {
+        self.gossip_bytes_sent
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_gossip_bytes_sent_total").increment(bytes as u64);
+    }
+
+    pub(crate) fn gossip_received(&self, bytes: usize) {
+        self.gossip_bytes_received
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_gossip_bytes_received_total").increment(bytes as u64);
+    }
+
+    pub(crate) fn link_wire(&self, bytes: u64) {
+        self.link_wire_bytes.fetch_add(bytes, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_link_wire_bytes_total").increment(bytes);
+    }
+
+    pub(crate) fn lag(&self, lag: Duration) {
+        metrics::histogram!("shoal_mesh_convergence_lag_seconds").record(lag.as_secs_f64());
+        if let Ok(mut samples) = self.lag_us.lock() {
+            if samples.len() == LAG_SAMPLES {
+                samples.pop_front();
+            }
+            samples.push_back(u64::try_from(lag.as_micros()).unwrap_or(u64::MAX));
+        }
+    }
+
+    pub(crate) fn membership(&self, members: usize, connected: usize) {
+        metrics::gauge!("shoal_mesh_members").set(members as f64);
+        metrics::gauge!("shoal_mesh_peers_connected").set(connected as f64);
+    }
+
+    pub(crate) fn status(&self) -> TrafficStatus {
+        let (p50, p99) = match self.lag_us.lock() {
+            Ok(samples) => {
+                let mut sorted: Vec<u64> = samples.iter().copied().collect();
+                sorted.sort_unstable();
+                (percentile(&sorted, 0.50), percentile(&sorted, 0.99))
+            }
+            Err(_) => (None, None),
+        };
+        TrafficStatus {
+            frames_sent: self.frames_sent.load(Ordering::Relaxed),
+            frames_received: self.frames_received.load(Ordering::Relaxed),
+            frames_dropped: self.frames_dropped.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: self.bytes_received.load(Ordering::Relaxed),
+            gossip_bytes_sent: self.gossip_bytes_sent.load(Ordering::Relaxed),
+            gossip_bytes_received: self.gossip_bytes_received.load(Ordering::Relaxed),
+            link_wire_bytes: self.link_wire_bytes.load(Ordering::Relaxed),
+            convergence_lag_p50_ms: p50,
+            convergence_lag_p99_ms: p99,
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted µs samples, in ms.
+fn percentile(sorted: &[u64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64) * q).ceil() as usize;
+    let idx = rank.clamp(1, sorted.len()) - 1;
+    sorted.get(idx).map(|us| *us as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
+        assert_eq!(percentile(&samples, 0.5), Some(50.0));
+        assert_eq!(percentile(&samples, 0.99), Some(99.0));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+}

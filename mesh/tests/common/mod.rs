@@ -1,0 +1,163 @@
+//! Shared test support: a throwaway CA, node certificates and nodes that
+//! each run on their own runtime, so a test can crash one (drop its runtime
+//! without any goodbye) while the others keep running.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use shoal_mesh::{FailureDetectorSettings, Mesh, MeshConfig, PemSource, TlsConfig};
+
+pub struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().unwrap();
+        Self {
+            issuer: CertifiedIssuer::self_signed(params, key).unwrap(),
+        }
+    }
+
+    /// mTLS material for a node whose certificate names `cert_name`.
+    pub fn tls(&self, cert_name: &str) -> TlsConfig {
+        let mut params = CertificateParams::new(vec![cert_name.to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, cert_name);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        TlsConfig {
+            ca: PemSource::Bytes(self.issuer.pem().into_bytes()),
+            cert: PemSource::Bytes(cert.pem().into_bytes()),
+            key: PemSource::Bytes(key.serialize_pem().into_bytes()),
+        }
+    }
+}
+
+/// A config with test timings: 20 ms sync, fast anti-entropy and failure
+/// detection.
+pub fn config(name: &str, tls: TlsConfig, seeds: &[SocketAddr]) -> MeshConfig {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut c = MeshConfig::new(name, "test-cluster", any, any, tls);
+    c.seeds = seeds.iter().map(|s| s.to_string()).collect();
+    c.anti_entropy_interval = Duration::from_millis(300);
+    c.failure_detector = FailureDetectorSettings {
+        gossip_interval: Duration::from_millis(50),
+        phi_threshold: 8.0,
+        sampling_window: 100,
+        max_interval: Duration::from_secs(1),
+        initial_interval: Duration::from_millis(100),
+        dead_node_grace_period: Duration::from_secs(60),
+    };
+    c.link_idle_timeout = Duration::from_millis(1000);
+    c.link_keepalive = Duration::from_millis(200);
+    c
+}
+
+/// A mesh node on its own runtime.
+pub struct Node {
+    pub mesh: Option<Mesh>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Node {
+    pub fn start(config: MeshConfig) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mesh = rt.block_on(Mesh::start(config)).unwrap();
+        Self {
+            mesh: Some(mesh),
+            rt: Some(rt),
+        }
+    }
+
+    pub fn mesh(&self) -> &Mesh {
+        self.mesh.as_ref().unwrap()
+    }
+
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.as_ref().unwrap().block_on(f)
+    }
+
+    /// Dies without a word: every task and socket vanishes at once.
+    pub fn crash(mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        drop(self.mesh.take());
+    }
+
+    /// Leaves gracefully.
+    pub fn stop(mut self) {
+        let mesh = self.mesh.take().unwrap();
+        let rt = self.rt.take().unwrap();
+        rt.block_on(mesh.shutdown());
+        rt.shutdown_timeout(Duration::from_millis(200));
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            drop(self.mesh.take());
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Starts `n` nodes named `n0..` seeded by the first, sharing one CA.
+pub fn cluster(ca: &Ca, n: usize, tweak: impl Fn(&mut MeshConfig)) -> Vec<Node> {
+    let mut nodes: Vec<Node> = Vec::new();
+    for i in 0..n {
+        let name = format!("n{i}");
+        let seeds: Vec<SocketAddr> = nodes
+            .first()
+            .map(|f| f.mesh().gossip_addr())
+            .into_iter()
+            .collect();
+        let mut c = config(&name, ca.tls(&name), &seeds);
+        tweak(&mut c);
+        nodes.push(Node::start(c));
+    }
+    nodes
+}
+
+/// Polls `cond` every 10 ms until it holds or `within` passes.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until every node counts all the others.
+pub fn wait_for_full_mesh(nodes: &[&Node], within: Duration) -> bool {
+    let n = nodes.len();
+    wait_until(within, || {
+        nodes.iter().all(|node| node.mesh().members().len() == n)
+    })
+}

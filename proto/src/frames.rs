@@ -1,0 +1,286 @@
+//! The frames replicas exchange on the mesh load plane.
+//!
+//! Every frame travels as a 4-byte big-endian length followed by a bincode
+//! body (`bincode::config::standard()`, varint integers). The body is an
+//! [`Envelope`] whose first field is the wire version, so a replica can
+//! reject a frame from a newer protocol instead of misreading it. Decoding
+//! always runs with a hard byte limit ([`MAX_FRAME_BYTES`]): a hostile length
+//! prefix cannot make the receiver allocate more than that, and a frame that
+//! fails to decode is dropped and counted by the caller, never trusted.
+//!
+//! Slot and snapshot entries name workers by a small integer id the sender
+//! assigns; the sender defines each id once per connection ([`KeyDef`])
+//! before or in the same frame as its first use, which keeps a steady-state
+//! delta at a few bytes per changed worker.
+
+use serde::{Deserialize, Serialize};
+
+use crate::load::{EngineKind, EngineLoad};
+
+/// Wire version of [`Envelope`]; bumped on any incompatible change.
+pub const FRAME_VERSION: u16 = 1;
+
+/// Largest frame body, in bytes, that a receiver accepts and decodes.
+pub const MAX_FRAME_BYTES: usize = 1 << 20;
+
+/// Largest worker key, in bytes, that a receiver accepts.
+pub const MAX_KEY_BYTES: usize = 2048;
+
+/// The outer shell of every frame: wire version, then the message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Wire version the sender speaks ([`FRAME_VERSION`]).
+    pub version: u16,
+    /// The message itself.
+    pub frame: Frame,
+}
+
+/// One message on a replica's outbound load stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Frame {
+    /// First frame on a stream: who is speaking. The receiver checks the
+    /// claimed name against the peer's TLS certificate.
+    Hello(Hello),
+    /// Slot values and snapshots of the sending incarnation.
+    Update(Update),
+    /// The sender is leaving the cluster gracefully: stop counting it now.
+    Bye,
+}
+
+/// The sender's identity, checked against its certificate and gossip entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Cluster the sender belongs to; frames for another cluster are refused.
+    pub cluster_id: String,
+    /// Node name (must match a DNS name in the sender's certificate).
+    pub node: String,
+    /// Generation of this incarnation (its start time, grows on restart).
+    pub generation: u64,
+}
+
+/// A batch of the sender's own state, all read at the same instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Update {
+    /// Strictly increasing per sender incarnation: the version of every slot
+    /// entry in this frame (receivers keep the highest per worker).
+    pub round: u64,
+    /// Sender wall clock (µs since the Unix epoch) of the previous read of
+    /// its slots on this stream (0 if none): every change carried here
+    /// happened after it, so `now - prev` bounds how stale it arrives.
+    pub prev_read_at_unix_us: u64,
+    /// Worker ids defined by this frame.
+    pub keys: Vec<KeyDef>,
+    /// In-flight slots that changed (or all of them, in a full sync).
+    pub slots: Vec<SlotEntry>,
+    /// Snapshots this sender polled that its peer has not seen yet.
+    pub snapshots: Vec<SnapshotEntry>,
+}
+
+impl Update {
+    /// True when the frame carries no state (a pure heartbeat).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.slots.is_empty() && self.snapshots.is_empty()
+    }
+}
+
+/// Binds a sender-local worker id to the worker's key (its base URL).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDef {
+    /// Sender-local id.
+    pub id: u32,
+    /// Worker key.
+    pub key: String,
+}
+
+/// The sender's own slot for one worker, as absolute values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotEntry {
+    /// Sender-local worker id.
+    pub id: u32,
+    /// Requests the sender has in flight on the worker.
+    pub requests: u64,
+    /// Token-work the sender has in flight on the worker.
+    pub tokens: u64,
+    /// Prompt tokens still waiting for their first response byte.
+    pub pending_prefill: u64,
+    /// Token-work the sender ever dispatched to the worker (grow-only).
+    pub dispatched: u64,
+}
+
+/// A load snapshot the sender polled itself (the poller is the sender).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    /// Sender-local worker id.
+    pub id: u32,
+    /// Engine family the numbers came from.
+    pub source: EngineKind,
+    /// The validated signals.
+    pub load: EngineLoad,
+    /// Poll time, ms since the Unix epoch (the LWW order, with the poller).
+    pub polled_at_unix_ms: u64,
+    /// Fleet dispatched token-work for the worker when the poll started.
+    pub dispatched_mark: u64,
+}
+
+/// Why a frame was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The body is larger than [`MAX_FRAME_BYTES`].
+    TooLarge(usize),
+    /// The body is not a valid envelope (or has trailing bytes).
+    Undecodable(String),
+    /// The envelope is from a wire version this build does not speak.
+    UnknownVersion(u16),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::TooLarge(n) => write!(f, "frame of {n} bytes exceeds the limit"),
+            FrameError::Undecodable(e) => write!(f, "undecodable frame: {e}"),
+            FrameError::UnknownVersion(v) => write!(f, "unknown frame version {v}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl FrameError {
+    /// Short label for metrics (`reason` of the dropped-frames counter).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FrameError::TooLarge(_) => "oversize",
+            FrameError::Undecodable(_) => "undecodable",
+            FrameError::UnknownVersion(_) => "version",
+        }
+    }
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+/// Encodes a frame body (without the length prefix) at [`FRAME_VERSION`].
+pub fn encode(frame: &Frame) -> Result<Vec<u8>, FrameError> {
+    let envelope = EnvelopeRef {
+        version: FRAME_VERSION,
+        frame,
+    };
+    let body = bincode::serde::encode_to_vec(&envelope, bincode::config::standard())
+        .map_err(|e| FrameError::Undecodable(e.to_string()))?;
+    if body.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    Ok(body)
+}
+
+/// Encodes a frame with its 4-byte big-endian length prefix, ready to write.
+pub fn encode_prefixed(frame: &Frame) -> Result<Vec<u8>, FrameError> {
+    let body = encode(frame)?;
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(body.len()))?;
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes a frame body (without the length prefix), refusing anything over
+/// the limit, with trailing bytes, or from another wire version.
+pub fn decode(body: &[u8]) -> Result<Frame, FrameError> {
+    if body.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let (envelope, used): (Envelope, usize) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| FrameError::Undecodable(e.to_string()))?;
+    if used != body.len() {
+        return Err(FrameError::Undecodable(format!(
+            "{} trailing bytes",
+            body.len() - used
+        )));
+    }
+    if envelope.version != FRAME_VERSION {
+        return Err(FrameError::UnknownVersion(envelope.version));
+    }
+    Ok(envelope.frame)
+}
+
+/// Borrowing twin of [`Envelope`] so encoding does not clone the frame.
+#[derive(Serialize)]
+struct EnvelopeRef<'a> {
+    version: u16,
+    frame: &'a Frame,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Frame {
+        Frame::Update(Update {
+            round: 7,
+            prev_read_at_unix_us: 1_699_999_999_980_000,
+            keys: vec![KeyDef {
+                id: 0,
+                key: "http://w:1".into(),
+            }],
+            slots: vec![SlotEntry {
+                id: 0,
+                requests: 3,
+                tokens: 900,
+                pending_prefill: 300,
+                dispatched: 12_345,
+            }],
+            snapshots: vec![SnapshotEntry {
+                id: 0,
+                source: EngineKind::Sglang,
+                load: EngineLoad {
+                    token_usage: Some(0.25),
+                    ..EngineLoad::default()
+                },
+                polled_at_unix_ms: 1_700_000_000_000,
+                dispatched_mark: 12_000,
+            }],
+        })
+    }
+
+    #[test]
+    fn round_trips() {
+        for frame in [
+            sample(),
+            Frame::Bye,
+            Frame::Hello(Hello {
+                cluster_id: "c".into(),
+                node: "a".into(),
+                generation: 1,
+            }),
+        ] {
+            let body = encode(&frame).unwrap();
+            assert_eq!(decode(&body).unwrap(), frame);
+            let prefixed = encode_prefixed(&frame).unwrap();
+            assert_eq!(&prefixed[4..], &body[..]);
+        }
+    }
+
+    #[test]
+    fn rejects_other_versions_and_trailing_bytes() {
+        let envelope = Envelope {
+            version: FRAME_VERSION + 1,
+            frame: Frame::Bye,
+        };
+        let body = bincode::serde::encode_to_vec(&envelope, bincode::config::standard()).unwrap();
+        assert_eq!(decode(&body), Err(FrameError::UnknownVersion(2)));
+        let mut body = encode(&Frame::Bye).unwrap();
+        body.push(0);
+        assert!(matches!(decode(&body), Err(FrameError::Undecodable(_))));
+    }
+
+    #[test]
+    fn hostile_lengths_do_not_allocate() {
+        // A Vec length of 2^60 inside an otherwise tiny body must fail fast.
+        let mut body = vec![1u8, 1, 7, 0, 0];
+        body.extend_from_slice(&[0xFF, 0, 0, 0, 0, 0, 0, 0, 0x10]);
+        assert!(decode(&body).is_err());
+        assert!(decode(&[0xFF; 9]).is_err());
+        assert!(decode(&[]).is_err());
+    }
+}
