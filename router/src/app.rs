@@ -74,6 +74,9 @@ impl Server {
             upstream::build_client(Duration::from_millis(config.connect_timeout_ms)),
             load::MonitorConfig::from(config.as_ref()),
         ));
+        if let Some(upkeep) = state.policy.background_task() {
+            background.spawn(upkeep);
+        }
         if let Some(handle) = state.metrics.clone() {
             background.spawn(telemetry::upkeep(handle));
         }

@@ -5,6 +5,7 @@
 //! a real replica on an ephemeral port.
 
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod engines;
 pub mod fleet;

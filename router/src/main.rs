@@ -7,7 +7,11 @@ use shoal::config::{Config, ConfigError};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = match Config::load() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if shoal::cli::is_subcommand(&args) {
+        return shoal::cli::run(args).await;
+    }
+    let config = match Config::load_from(args) {
         Ok(config) => config,
         Err(ConfigError::Cli(err)) => {
             // clap formats help/version and usage errors itself.

@@ -9,7 +9,35 @@ pub const HOST: &str = "0.0.0.0";
 /// Port the HTTP front listens on.
 pub const PORT: u16 = 30000;
 /// Routing policy used when `--policy` is not given.
-pub const POLICY: &str = "round_robin";
+pub const POLICY: &str = "cache_aware";
+
+/// `cache_aware`: a prefix match above this fraction of the prompt routes by
+/// affinity (SGLang gateway default).
+pub const CACHE_THRESHOLD: f64 = 0.3;
+/// `cache_aware`: in-flight request spread (max - min) that, together with
+/// the relative test, marks the pool imbalanced.
+pub const BALANCE_ABS_THRESHOLD: u64 = 64;
+/// `cache_aware`: the pool is imbalanced only if max > this × min in-flight.
+pub const BALANCE_REL_THRESHOLD: f64 = 1.5;
+/// `cache_aware`: KV-usage spread (max k - min k) that marks the pool
+/// imbalanced; 1.0 never fires.
+pub const BALANCE_TOKEN_USAGE_THRESHOLD: f64 = 1.0;
+/// `cache_aware`: any worker above this KV usage marks the pool
+/// imbalanced; 1.0 never fires.
+pub const OVERLOAD_TOKEN_USAGE_THRESHOLD: f64 = 1.0;
+/// `cache_aware`: bytes of prompt text the prefix tree remembers per worker
+/// (2^26, the SGLang gateway's `max_tree_size`).
+pub const MAX_TREE_SIZE: usize = 1 << 26;
+/// `cache_aware`: seconds between prefix-tree evictions (SGLang gateway).
+pub const EVICTION_INTERVAL_SECS: u64 = 60;
+/// `least_load`: weight `w` (seconds) of the KV barrier `w * k/(1-k)`.
+pub const LEAST_LOAD_KV_PRESSURE_WEIGHT: f64 = 0.15;
+/// `least_load`: tokens/s assumed for an engine that reports no throughput.
+pub const LEAST_LOAD_DEFAULT_THROUGHPUT: f64 = 2000.0;
+/// `least_load`: token-work booked for a request without a token estimate.
+pub const LEAST_LOAD_MEAN_PREFILL_TOKENS: u64 = 1024;
+/// `load_aware`: waiting-queue length at which a worker scores 0.
+pub const LOAD_AWARE_THRESHOLD: u64 = 128;
 
 /// How often every engine's load endpoint is polled.
 pub const LOAD_POLL_INTERVAL_MS: u64 = 1000;

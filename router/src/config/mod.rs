@@ -25,6 +25,14 @@ pub enum PolicyKind {
     RoundRobin,
     /// Pick a healthy worker uniformly at random.
     Random,
+    /// Sample two workers; take the less loaded (KV usage, queue, in-flight).
+    PowerOfTwo,
+    /// Least expected wait: queued token-work / throughput + KV barrier.
+    LeastLoad,
+    /// Prefix-cache affinity with a load-imbalance guard.
+    CacheAware,
+    /// llm-d queue scorer: shortest engine waiting queue.
+    LoadAware,
 }
 
 /// Which load format the monitor polls engines with.
@@ -73,6 +81,55 @@ pub struct Config {
     /// Routing policy.
     #[arg(long, env = "SHOAL_POLICY", value_enum, default_value = defaults::POLICY)]
     pub policy: PolicyKind,
+
+    /// cache_aware: route by prefix affinity when the best match covers more
+    /// than this fraction of the prompt (0..=1).
+    #[arg(long, env = "SHOAL_CACHE_THRESHOLD", default_value_t = defaults::CACHE_THRESHOLD, value_parser = parsers::unit_fraction)]
+    pub cache_threshold: f64,
+
+    /// cache_aware: the pool is imbalanced when max - min fleet in-flight
+    /// requests exceeds this (and the relative test holds).
+    #[arg(long, env = "SHOAL_BALANCE_ABS_THRESHOLD", default_value_t = defaults::BALANCE_ABS_THRESHOLD)]
+    pub balance_abs_threshold: u64,
+
+    /// cache_aware: ... and max fleet in-flight requests > this × min (>= 1).
+    #[arg(long, env = "SHOAL_BALANCE_REL_THRESHOLD", default_value_t = defaults::BALANCE_REL_THRESHOLD, value_parser = parsers::multiplier)]
+    pub balance_rel_threshold: f64,
+
+    /// cache_aware: the pool is imbalanced when max - min KV usage exceeds
+    /// this (0..=1; 1 = off). Needs fresh KV usage from every worker.
+    #[arg(long, env = "SHOAL_BALANCE_TOKEN_USAGE_THRESHOLD", default_value_t = defaults::BALANCE_TOKEN_USAGE_THRESHOLD, value_parser = parsers::unit_fraction)]
+    pub balance_token_usage_threshold: f64,
+
+    /// cache_aware: the pool is imbalanced when any worker's KV usage exceeds
+    /// this (0..=1; 1 = off). Needs fresh KV usage from every worker.
+    #[arg(long, env = "SHOAL_OVERLOAD_TOKEN_USAGE_THRESHOLD", default_value_t = defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD, value_parser = parsers::unit_fraction)]
+    pub overload_token_usage_threshold: f64,
+
+    /// cache_aware: bytes of prompt text the prefix tree keeps per worker;
+    /// least recently used branches beyond it are evicted.
+    #[arg(long, env = "SHOAL_MAX_TREE_SIZE", default_value_t = defaults::MAX_TREE_SIZE, value_parser = parsers::positive_usize)]
+    pub max_tree_size: usize,
+
+    /// cache_aware: seconds between prefix-tree evictions (run in the background).
+    #[arg(long, env = "SHOAL_EVICTION_INTERVAL_SECS", default_value_t = defaults::EVICTION_INTERVAL_SECS, value_parser = parsers::positive_u64)]
+    pub eviction_interval_secs: u64,
+
+    /// least_load: weight w in seconds of the KV barrier w * k/(1-k) (>= 0).
+    #[arg(long, env = "SHOAL_LEAST_LOAD_KV_PRESSURE_WEIGHT", default_value_t = defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT, value_parser = parsers::non_negative)]
+    pub least_load_kv_pressure_weight: f64,
+
+    /// least_load: tokens/s assumed for an engine that reports no valid throughput (> 0).
+    #[arg(long, env = "SHOAL_LEAST_LOAD_DEFAULT_THROUGHPUT", default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, value_parser = parsers::positive)]
+    pub least_load_default_throughput: f64,
+
+    /// least_load: token-work booked for a request whose prompt could not be estimated.
+    #[arg(long, env = "SHOAL_LEAST_LOAD_MEAN_PREFILL_TOKENS", default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, value_parser = parsers::positive_u64)]
+    pub least_load_mean_prefill_tokens: u64,
+
+    /// load_aware: engine waiting-queue length at which a worker scores 0.
+    #[arg(long, env = "SHOAL_LOAD_AWARE_THRESHOLD", default_value_t = defaults::LOAD_AWARE_THRESHOLD, value_parser = parsers::positive_u64)]
+    pub load_aware_threshold: u64,
 
     /// How often each engine's load endpoint is polled, in milliseconds.
     #[arg(long, env = "SHOAL_LOAD_POLL_INTERVAL_MS", default_value_t = defaults::LOAD_POLL_INTERVAL_MS, value_parser = parsers::positive_u64)]
@@ -256,6 +313,11 @@ impl Config {
                     .saturating_mul(defaults::LOAD_STALE_AFTER_POLLS),
             ),
         )
+    }
+
+    /// Interval between prefix-tree evictions (`cache_aware`).
+    pub fn eviction_interval(&self) -> Duration {
+        Duration::from_secs(self.eviction_interval_secs)
     }
 
     /// Retries allowed after the first attempt (0 when retries are off).

@@ -45,6 +45,26 @@ pub fn unit_fraction(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A finite number >= 0 (weights).
+pub fn non_negative(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if value >= 0.0 {
+        Ok(value)
+    } else {
+        Err("must not be negative".into())
+    }
+}
+
+/// A finite number > 0 (rates).
+pub fn positive(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if value > 0.0 {
+        Ok(value)
+    } else {
+        Err("must be greater than 0".into())
+    }
+}
+
 /// A growth factor, at least 1.
 pub fn multiplier(text: &str) -> Result<f64, String> {
     let value = finite(text)?;

@@ -23,8 +23,107 @@ fn defaults_come_from_the_defaults_module() {
         Duration::from_millis(defaults::LOAD_POLL_INTERVAL_MS * defaults::LOAD_STALE_AFTER_POLLS)
     );
     assert_eq!(config.retry_max_retries, defaults::RETRY_MAX_RETRIES);
-    assert_eq!(config.policy, PolicyKind::RoundRobin);
+    assert_eq!(config.policy, PolicyKind::CacheAware);
     assert_eq!(config.worker_load_source, LoadSource::Auto);
+    assert_eq!(config.cache_threshold, defaults::CACHE_THRESHOLD);
+    assert_eq!(
+        config.balance_abs_threshold,
+        defaults::BALANCE_ABS_THRESHOLD
+    );
+    assert_eq!(
+        config.balance_rel_threshold,
+        defaults::BALANCE_REL_THRESHOLD
+    );
+    assert_eq!(
+        config.balance_token_usage_threshold,
+        defaults::BALANCE_TOKEN_USAGE_THRESHOLD
+    );
+    assert_eq!(
+        config.overload_token_usage_threshold,
+        defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD
+    );
+    assert_eq!(config.max_tree_size, defaults::MAX_TREE_SIZE);
+    assert_eq!(
+        config.eviction_interval_secs,
+        defaults::EVICTION_INTERVAL_SECS
+    );
+    assert_eq!(
+        config.least_load_kv_pressure_weight,
+        defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT
+    );
+    assert_eq!(
+        config.least_load_default_throughput,
+        defaults::LEAST_LOAD_DEFAULT_THROUGHPUT
+    );
+    assert_eq!(
+        config.least_load_mean_prefill_tokens,
+        defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS
+    );
+    assert_eq!(config.load_aware_threshold, defaults::LOAD_AWARE_THRESHOLD);
+    // The values the design fixes.
+    assert_eq!(
+        (config.cache_threshold, config.balance_abs_threshold),
+        (0.3, 64)
+    );
+    assert_eq!(config.balance_rel_threshold, 1.5);
+    assert_eq!(config.least_load_kv_pressure_weight, 0.15);
+    assert_eq!(config.least_load_default_throughput, 2000.0);
+    assert_eq!(config.least_load_mean_prefill_tokens, 1024);
+    assert_eq!(config.load_aware_threshold, 128);
+}
+
+#[test]
+fn policy_flags_reject_bad_values_naming_the_flag() {
+    for (flag, bad) in [
+        ("--cache-threshold", "NaN"),
+        ("--cache-threshold", "1.01"),
+        ("--cache-threshold", "-0.1"),
+        ("--balance-abs-threshold", "-1"),
+        ("--balance-rel-threshold", "inf"),
+        ("--balance-rel-threshold", "0.5"),
+        ("--balance-token-usage-threshold", "2"),
+        ("--balance-token-usage-threshold", "nan"),
+        ("--overload-token-usage-threshold", "-inf"),
+        ("--overload-token-usage-threshold", "1.5"),
+        ("--least-load-kv-pressure-weight", "-0.15"),
+        ("--least-load-kv-pressure-weight", "NaN"),
+        ("--least-load-default-throughput", "0"),
+        ("--least-load-default-throughput", "inf"),
+        ("--least-load-mean-prefill-tokens", "0"),
+        ("--load-aware-threshold", "0"),
+        ("--load-aware-threshold", "-3"),
+        ("--max-tree-size", "0"),
+        ("--eviction-interval-secs", "0"),
+    ] {
+        let text = error_text(&[&format!("{flag}={bad}")]);
+        assert!(text.contains(flag), "{flag}={bad}: {text}");
+    }
+    let config = parse(&[
+        "--policy",
+        "least_load",
+        "--cache-threshold",
+        "1",
+        "--balance-token-usage-threshold",
+        "0",
+        "--least-load-kv-pressure-weight",
+        "0",
+        "--load-aware-threshold",
+        "1",
+    ])
+    .unwrap();
+    assert_eq!(config.policy, PolicyKind::LeastLoad);
+    assert_eq!(config.cache_threshold, 1.0);
+    assert_eq!(config.least_load_kv_pressure_weight, 0.0);
+    for (name, kind) in [
+        ("round_robin", PolicyKind::RoundRobin),
+        ("random", PolicyKind::Random),
+        ("power_of_two", PolicyKind::PowerOfTwo),
+        ("least_load", PolicyKind::LeastLoad),
+        ("cache_aware", PolicyKind::CacheAware),
+        ("load_aware", PolicyKind::LoadAware),
+    ] {
+        assert_eq!(parse(&["--policy", name]).unwrap().policy, kind);
+    }
 }
 
 #[test]

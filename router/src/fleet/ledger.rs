@@ -16,6 +16,33 @@ struct Counters {
     dispatched: AtomicU64,
 }
 
+/// A reading of one ledger's counters (or the sum of several replicas'
+/// ledgers for one worker: fleet values are sums over live replicas).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerCounts {
+    /// Requests in flight.
+    pub requests: u64,
+    /// Token-work in flight.
+    pub tokens: u64,
+    /// Prompt tokens still waiting for their first response byte.
+    pub pending_prefill: u64,
+    /// Token-work ever dispatched (grow-only).
+    pub dispatched: u64,
+}
+
+impl std::ops::Add for LedgerCounts {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            requests: self.requests.saturating_add(other.requests),
+            tokens: self.tokens.saturating_add(other.tokens),
+            pending_prefill: self.pending_prefill.saturating_add(other.pending_prefill),
+            dispatched: self.dispatched.saturating_add(other.dispatched),
+        }
+    }
+}
+
 /// In-flight requests and token-work this replica has routed to one worker.
 #[derive(Debug, Default, Clone)]
 pub struct Ledger {
@@ -36,6 +63,17 @@ impl Ledger {
             counters: self.counters.clone(),
             token_work,
             pending_prefill: prompt_tokens,
+        }
+    }
+
+    /// All four counters at once.
+    pub fn counts(&self) -> LedgerCounts {
+        let c = &self.counters;
+        LedgerCounts {
+            requests: c.requests.load(Ordering::Relaxed),
+            tokens: c.tokens.load(Ordering::Relaxed),
+            pending_prefill: c.pending_prefill.load(Ordering::Relaxed),
+            dispatched: c.dispatched.load(Ordering::Relaxed),
         }
     }
 

@@ -6,14 +6,16 @@
 //! slot, so the same policy code sees fleet-wide numbers.
 
 mod ledger;
+mod snapshot_cell;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shoal_proto::EngineLoad;
 
 use crate::workers::Worker;
 
-pub use ledger::{Booking, Ledger};
+pub use ledger::{Booking, Ledger, LedgerCounts};
+pub use snapshot_cell::{SnapshotCell, SnapshotReading};
 
 /// Everything a policy may know about one worker's load, at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -32,11 +34,41 @@ pub struct WorkerLoad {
     pub snapshot_age: Option<Duration>,
 }
 
+impl WorkerLoad {
+    /// Combines booked counts (one replica's, or the sum over live replicas)
+    /// with the latest snapshot: a snapshot older than `stale_after` at `now`
+    /// counts as missing, and `dispatched_since_poll` is measured from the
+    /// snapshot's mark (from zero when there is no fresh snapshot).
+    pub fn assemble(
+        counts: LedgerCounts,
+        snapshot: Option<SnapshotReading>,
+        now: Instant,
+        stale_after: Duration,
+    ) -> Self {
+        let fresh = snapshot
+            .map(|s| (s, now.saturating_duration_since(s.stored_at)))
+            .filter(|(_, age)| *age <= stale_after);
+        WorkerLoad {
+            inflight_requests: counts.requests,
+            inflight_tokens: counts.tokens,
+            pending_prefill_tokens: counts.pending_prefill,
+            dispatched_since_poll: match fresh {
+                Some((s, _)) => counts.dispatched.saturating_sub(s.dispatched_mark),
+                None => counts.dispatched,
+            },
+            engine: fresh.map(|(s, _)| s.load),
+            snapshot_age: fresh.map(|(_, age)| age),
+        }
+    }
+}
+
 /// Read-only load of the workers, as seen by this replica.
 pub trait FleetView: Send + Sync + std::fmt::Debug {
-    /// The load of one worker now. Must not block and should not allocate:
-    /// it runs for every candidate of every request.
-    fn load(&self, worker: &Worker) -> WorkerLoad;
+    /// The load of one worker at `now` (read once per selection and passed
+    /// to every call, so a selection does one clock read, not one per
+    /// worker). Must not block and should not allocate: it runs for every
+    /// candidate of every request.
+    fn load(&self, worker: &Worker, now: Instant) -> WorkerLoad;
 }
 
 /// The fleet view of a replica that knows only its own traffic.
@@ -53,25 +85,13 @@ impl LocalFleet {
 }
 
 impl FleetView for LocalFleet {
-    fn load(&self, worker: &Worker) -> WorkerLoad {
-        let ledger = worker.ledger();
-        let stored = worker.snapshot();
-        let fresh = stored
-            .as_ref()
-            .as_ref()
-            .filter(|s| s.stored_at.elapsed() <= self.stale_after);
-        let dispatched = ledger.dispatched_tokens();
-        WorkerLoad {
-            inflight_requests: ledger.inflight_requests(),
-            inflight_tokens: ledger.inflight_tokens(),
-            pending_prefill_tokens: ledger.pending_prefill_tokens(),
-            dispatched_since_poll: match fresh {
-                Some(s) => dispatched.saturating_sub(s.snapshot.dispatched_mark),
-                None => dispatched,
-            },
-            engine: fresh.map(|s| s.snapshot.load),
-            snapshot_age: fresh.map(|s| s.stored_at.elapsed()),
-        }
+    fn load(&self, worker: &Worker, now: Instant) -> WorkerLoad {
+        WorkerLoad::assemble(
+            worker.ledger().counts(),
+            worker.snapshot_cell().read(),
+            now,
+            self.stale_after,
+        )
     }
 }
 
@@ -101,14 +121,14 @@ mod tests {
         let first = worker.ledger().book(100, 150);
         worker.store_snapshot(snapshot(worker.ledger().dispatched_tokens()));
         let _second = worker.ledger().book(10, 30);
-        let load = fleet.load(&worker);
+        let load = fleet.load(&worker, Instant::now());
         assert_eq!(load.dispatched_since_poll, 30);
         assert_eq!(load.inflight_requests, 2);
         assert_eq!(load.inflight_tokens, 180);
         assert_eq!(load.pending_prefill_tokens, 110);
         assert_eq!(load.engine.and_then(|e| e.token_usage), Some(0.5));
         drop(first);
-        assert_eq!(fleet.load(&worker).inflight_tokens, 30);
+        assert_eq!(fleet.load(&worker, Instant::now()).inflight_tokens, 30);
     }
 
     #[test]
@@ -117,7 +137,7 @@ mod tests {
         worker.store_snapshot(snapshot(0));
         let fleet = LocalFleet::new(Duration::ZERO);
         std::thread::sleep(Duration::from_millis(2));
-        let load = fleet.load(&worker);
+        let load = fleet.load(&worker, Instant::now());
         assert!(load.engine.is_none());
         assert!(load.snapshot_age.is_none());
     }

@@ -68,7 +68,7 @@ pub async fn remove(State(app): State<Arc<AppState>>, Path(url): Path<String>) -
     let url = normalize_url(&url).unwrap_or(url);
     match app.registry.remove(&url) {
         Ok(worker) => {
-            app.policy.on_worker_removed(worker.url());
+            app.policy.on_worker_removed(&worker);
             tracing::info!(worker = worker.url(), "worker removed");
             StatusCode::NO_CONTENT.into_response()
         }

@@ -4,17 +4,45 @@
 //! (capability methods) and never looks at which policy it is. Policies read
 //! load only through the [`FleetView`], so their thresholds mean the same on
 //! one replica and on a meshed fleet.
+//!
+//! Shared rules (the fixes of the seed review):
+//! - one clock read per selection, passed to every [`FleetView::load`];
+//! - engine numbers are re-checked where they are used (`signals`): a
+//!   non-finite or out-of-range value is missing, never compared;
+//! - terms that need a snapshot of every worker (KV usage) are skipped for
+//!   the whole selection unless every candidate has a fresh one;
+//! - ties are broken uniformly at random (`pick::MinPick`);
+//! - bookings are visible to the very next selection, so concurrent
+//!   selections water-fill instead of herding.
 
+mod cache_aware;
+mod least_load;
+mod load_aware;
+mod pick;
+mod power_of_two;
+mod prefix_tree;
 mod random;
 mod round_robin;
+mod signals;
+
+#[cfg(test)]
+mod invariance;
+#[cfg(test)]
+mod testkit;
 
 use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 
 use crate::config::{Config, PolicyKind};
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
+pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy};
+pub use least_load::{LeastLoadConfig, LeastLoadPolicy};
+pub use load_aware::{LoadAwarePolicy, queue_score};
+pub use power_of_two::PowerOfTwoPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
 
@@ -42,8 +70,24 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Token-work to book for `request` on the chosen worker. The default is
+    /// the request's own estimate; a policy whose scores are token-work
+    /// counts a request without an estimate at a configured mean instead of
+    /// zero, so such requests still water-fill.
+    fn token_work(&self, request: &RequestInfo) -> u64 {
+        request.token_work()
+    }
+
     /// Called when a worker leaves the registry, to drop per-worker state.
-    fn on_worker_removed(&self, _url: &str) {}
+    /// Must be cheap: heavy clean-up belongs in [`Policy::background_task`].
+    fn on_worker_removed(&self, _worker: &Worker) {}
+
+    /// Upkeep the policy needs off the request path (e.g. prefix-tree
+    /// eviction), to be spawned once where the replica starts its other
+    /// background tasks. It runs until the replica stops.
+    fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// Builds the configured policy.
@@ -51,5 +95,9 @@ pub fn build(config: &Config) -> Arc<dyn Policy> {
     match config.policy {
         PolicyKind::RoundRobin => Arc::new(RoundRobinPolicy::default()),
         PolicyKind::Random => Arc::new(RandomPolicy),
+        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwoPolicy),
+        PolicyKind::LeastLoad => Arc::new(LeastLoadPolicy::new(LeastLoadConfig::from(config))),
+        PolicyKind::CacheAware => Arc::new(CacheAwarePolicy::new(CacheAwareConfig::from(config))),
+        PolicyKind::LoadAware => Arc::new(LoadAwarePolicy::new(config.load_aware_threshold)),
     }
 }

@@ -127,7 +127,9 @@ pub async fn forward(
             );
             return error.into_response();
         };
-        let booking = worker.ledger().book(info.prompt_tokens, info.token_work());
+        let booking = worker
+            .ledger()
+            .book(info.prompt_tokens, app.policy.token_work(info));
         tried.push(worker.clone());
         let has_retry_left = attempt < max_retries && tokio::time::Instant::now() < deadline;
 

@@ -7,7 +7,7 @@ mod breaker;
 pub mod health;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -15,7 +15,7 @@ use http::Uri;
 use serde::Serialize;
 use shoal_proto::LoadSnapshot;
 
-use crate::fleet::Ledger;
+use crate::fleet::{Ledger, SnapshotCell};
 
 pub use breaker::{BreakerConfig, CircuitBreaker, CircuitState};
 
@@ -61,30 +61,41 @@ pub struct StoredSnapshot {
 /// bookings on it, and the latest load snapshot polled from it.
 #[derive(Debug)]
 pub struct Worker {
+    id: u64,
     url: String,
     healthy: AtomicBool,
     health_streak: std::sync::Mutex<health::Streak>,
     breaker: CircuitBreaker,
     ledger: Ledger,
     snapshot: ArcSwap<Option<StoredSnapshot>>,
+    snapshot_cell: SnapshotCell,
 }
 
 impl Worker {
     /// A worker that starts in rotation (optimistic until a check fails).
     pub fn new(url: String, breaker: BreakerConfig) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             url,
             healthy: AtomicBool::new(true),
             health_streak: std::sync::Mutex::new(health::Streak::default()),
             breaker: CircuitBreaker::new(breaker),
             ledger: Ledger::default(),
             snapshot: ArcSwap::from_pointee(None),
+            snapshot_cell: SnapshotCell::default(),
         }
     }
 
     /// The normalised base URL, also the worker's identity.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Process-unique id, never reused (a re-added URL gets a new one).
+    /// Policies key per-worker state by it instead of hashing the URL.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether active health checks currently pass.
@@ -112,11 +123,20 @@ impl Worker {
         self.snapshot.load_full()
     }
 
+    /// The latest snapshot as policies read it: lock-free, no reference
+    /// counting, no allocation (the per-request path).
+    pub fn snapshot_cell(&self) -> &SnapshotCell {
+        &self.snapshot_cell
+    }
+
     /// Replaces the latest snapshot.
     pub fn store_snapshot(&self, snapshot: LoadSnapshot) {
+        let stored_at = Instant::now();
+        self.snapshot_cell
+            .store(stored_at, snapshot.dispatched_mark, &snapshot.load);
         self.snapshot.store(Arc::new(Some(StoredSnapshot {
             snapshot,
-            stored_at: Instant::now(),
+            stored_at,
         })));
     }
 

@@ -102,9 +102,12 @@ impl Drop for Router {
     }
 }
 
-/// Flags shared by most tests: fast checks, no load polling.
+/// Flags shared by most tests: fast checks, no load polling, and
+/// round-robin routing (these tests count requests per worker).
 pub fn base_args<S: AsRef<str>>(workers: &[S]) -> Vec<String> {
     let mut args: Vec<String> = vec![
+        "--policy".into(),
+        "round_robin".into(),
         "--worker-load-source".into(),
         "none".into(),
         "--retry-initial-backoff-ms".into(),

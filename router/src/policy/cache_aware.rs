@@ -1,0 +1,282 @@
+//! `cache_aware`: send a prompt where its prefix is probably cached, unless
+//! the pool is imbalanced.
+//!
+//! Per selection, over the candidates (the healthy, available workers):
+//!
+//! 1. **Imbalance guard.** The pool is imbalanced if any of
+//!    (a) max k > `--overload-token-usage-threshold` (1.0 = off),
+//!    (b) max k - min k > `--balance-token-usage-threshold` (1.0 = off),
+//!    (c) max - min fleet in-flight requests > `--balance-abs-threshold`
+//!    and max > `--balance-rel-threshold` × min.
+//!    (a) and (b) are evaluated only when *every* candidate has a fresh,
+//!    valid KV usage `k`; otherwise they are skipped (a partial view would
+//!    compare known workers against unknown ones). With the defaults (a)
+//!    and (b) can never fire, so the policy is exactly the count-only guard.
+//! 2. **Imbalanced:** if (a) or (b) fired, the coldest-KV worker (min k,
+//!    then fewest in-flight requests); if only (c), the fewest fleet
+//!    in-flight requests.
+//! 3. **Balanced:** the candidate holding the longest prefix of the prompt
+//!    in the prefix tree (`prefix_tree`), if that prefix is more than
+//!    `--cache-threshold` of the prompt (bytes of UTF-8 text); several
+//!    candidates with that same match: the fewest in-flight requests.
+//!    Otherwise the fewest fleet in-flight requests ("lowest load").
+//! 4. The prompt is inserted into the chosen worker's tree in every case, as
+//!    the engine will now cache it. Remaining ties break at random.
+//!
+//! Decided where the design is silent: "lowest load" is fleet in-flight
+//! requests (the same signal as the guard, so it means the same on 1 or N
+//! replicas and water-fills, as bookings show at once); a request without
+//! text (token ids only) has match rate 0 and inserts nothing. Eviction and
+//! forgetting removed workers run in [`Policy::background_task`].
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use super::pick::{self, MinPick};
+use super::prefix_tree::{Level, PrefixTree, SharedTree};
+use super::{Policy, signals};
+use crate::config::{Config, defaults};
+use crate::fleet::FleetView;
+use crate::request::RequestInfo;
+use crate::workers::Worker;
+
+/// The `cache_aware` knobs; see the module docs for how each is used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheAwareConfig {
+    /// Minimum matched fraction of the prompt for affinity routing.
+    pub cache_threshold: f64,
+    /// Absolute in-flight spread of the count guard (c).
+    pub balance_abs_threshold: u64,
+    /// Relative in-flight ratio of the count guard (c).
+    pub balance_rel_threshold: f64,
+    /// KV-usage spread of guard (b).
+    pub balance_token_usage_threshold: f64,
+    /// KV-usage ceiling of guard (a).
+    pub overload_token_usage_threshold: f64,
+    /// Bytes of prompt text remembered per worker.
+    pub max_tree_size: usize,
+    /// Time between evictions.
+    pub eviction_interval: Duration,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        Self {
+            cache_threshold: defaults::CACHE_THRESHOLD,
+            balance_abs_threshold: defaults::BALANCE_ABS_THRESHOLD,
+            balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
+            balance_token_usage_threshold: defaults::BALANCE_TOKEN_USAGE_THRESHOLD,
+            overload_token_usage_threshold: defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD,
+            max_tree_size: defaults::MAX_TREE_SIZE,
+            eviction_interval: Duration::from_secs(defaults::EVICTION_INTERVAL_SECS),
+        }
+    }
+}
+
+impl From<&Config> for CacheAwareConfig {
+    fn from(config: &Config) -> Self {
+        Self {
+            cache_threshold: config.cache_threshold,
+            balance_abs_threshold: config.balance_abs_threshold,
+            balance_rel_threshold: config.balance_rel_threshold,
+            balance_token_usage_threshold: config.balance_token_usage_threshold,
+            overload_token_usage_threshold: config.overload_token_usage_threshold,
+            max_tree_size: config.max_tree_size,
+            eviction_interval: config.eviction_interval(),
+        }
+    }
+}
+
+/// What one pass over the candidates learned.
+struct Survey {
+    /// Fleet in-flight requests per candidate.
+    requests: Vec<u64>,
+    min_requests: u64,
+    max_requests: u64,
+    /// (min k, max k) if every candidate has a fresh, valid k.
+    kv_range: Option<(f64, f64)>,
+    least_loaded: MinPick<u64>,
+    coldest: MinPick<(f64, u64)>,
+}
+
+fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Survey {
+    let now = Instant::now();
+    let mut s = Survey {
+        requests: Vec::with_capacity(candidates.len()),
+        min_requests: u64::MAX,
+        max_requests: 0,
+        kv_range: Some((f64::INFINITY, f64::NEG_INFINITY)),
+        least_loaded: MinPick::new(seed),
+        coldest: MinPick::new(seed),
+    };
+    for (i, worker) in candidates.iter().enumerate() {
+        let load = fleet.load(worker, now);
+        let requests = load.inflight_requests;
+        s.requests.push(requests);
+        s.min_requests = s.min_requests.min(requests);
+        s.max_requests = s.max_requests.max(requests);
+        s.least_loaded.offer(requests, i);
+        match (signals::token_usage(&load), s.kv_range.as_mut()) {
+            (Some(k), Some((lo, hi))) => {
+                *lo = lo.min(k);
+                *hi = hi.max(k);
+                s.coldest.offer((k, requests), i);
+            }
+            _ => s.kv_range = None,
+        }
+    }
+    s
+}
+
+/// Which rule of the imbalance guard fired, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Imbalance {
+    /// (a) or (b): fall back to the coldest-KV worker.
+    Kv,
+    /// (c) only: fall back to the fewest in-flight requests.
+    Requests,
+}
+
+/// The `cache_aware` policy.
+#[derive(Debug)]
+pub struct CacheAwarePolicy {
+    config: CacheAwareConfig,
+    tree: Arc<SharedTree>,
+}
+
+impl CacheAwarePolicy {
+    /// A policy with an empty prefix tree.
+    pub fn new(config: CacheAwareConfig) -> Self {
+        Self {
+            config,
+            tree: Arc::default(),
+        }
+    }
+
+    /// Runs one eviction round now (what the background task does every
+    /// `--eviction-interval-secs`); returns the bytes evicted.
+    pub fn evict_now(&self) -> usize {
+        self.tree.maintain(self.config.max_tree_size).evicted_bytes
+    }
+
+    fn imbalance(&self, s: &Survey) -> Option<Imbalance> {
+        let c = &self.config;
+        if let Some((lo, hi)) = s.kv_range
+            && (hi > c.overload_token_usage_threshold || hi - lo > c.balance_token_usage_threshold)
+        {
+            return Some(Imbalance::Kv);
+        }
+        let spread = s.max_requests.saturating_sub(s.min_requests);
+        ((spread > c.balance_abs_threshold)
+            && (s.max_requests as f64) > c.balance_rel_threshold * (s.min_requests as f64))
+            .then_some(Imbalance::Requests)
+    }
+
+    /// The candidate with the deepest prefix match above the threshold.
+    fn affinity(
+        &self,
+        tree: &PrefixTree,
+        text: &[u8],
+        candidates: &[Arc<Worker>],
+        s: &Survey,
+        seed: u64,
+    ) -> Option<usize> {
+        let mut path: Vec<Level> = Vec::new();
+        tree.walk(text, &mut path);
+        let mut scanned_tenants = 0;
+        for level in path.iter().rev() {
+            if level.matched as f64 / text.len() as f64 <= self.config.cache_threshold {
+                break;
+            }
+            let tenants = tree.tenants(level.node);
+            // Tenants nest: a level with as many tenants as the deeper one
+            // just scanned holds exactly the same ones.
+            if tenants.len() == scanned_tenants {
+                continue;
+            }
+            scanned_tenants = tenants.len();
+            let mut pick = MinPick::new(seed);
+            for (i, worker) in candidates.iter().enumerate() {
+                if tenants.contains_key(&worker.id()) {
+                    pick.offer(s.requests[i], i);
+                }
+            }
+            if pick.index().is_some() {
+                return pick.index();
+            }
+        }
+        None
+    }
+}
+
+impl Policy for CacheAwarePolicy {
+    fn name(&self) -> &'static str {
+        "cache_aware"
+    }
+
+    fn select(
+        &self,
+        candidates: &[Arc<Worker>],
+        request: &RequestInfo,
+        fleet: &dyn FleetView,
+    ) -> Option<usize> {
+        let seed = pick::seed();
+        let s = survey(candidates, fleet, seed);
+        let text = request.text.as_deref().unwrap_or_default().as_bytes();
+        let mut tree = self.tree.lock();
+        let chosen = match self.imbalance(&s) {
+            Some(Imbalance::Kv) => s.coldest.index(),
+            Some(Imbalance::Requests) => s.least_loaded.index(),
+            None if text.is_empty() => s.least_loaded.index(),
+            None => self
+                .affinity(&tree, text, candidates, &s, seed)
+                .or(s.least_loaded.index()),
+        }?;
+        if !text.is_empty() {
+            tree.insert(text, candidates.get(chosen)?.id());
+        }
+        Some(chosen)
+    }
+
+    fn needs_request_text(&self) -> bool {
+        true
+    }
+
+    fn reads_engine_load(&self) -> bool {
+        self.config.overload_token_usage_threshold < 1.0
+            || self.config.balance_token_usage_threshold < 1.0
+    }
+
+    fn on_worker_removed(&self, worker: &Worker) {
+        self.tree.forget_later(worker.id());
+    }
+
+    fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
+        let tree = self.tree.clone();
+        let interval = self.config.eviction_interval;
+        let max_bytes = self.config.max_tree_size;
+        Some(Box::pin(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let tree = tree.clone();
+                match tokio::task::spawn_blocking(move || tree.maintain(max_bytes)).await {
+                    Ok(upkeep) => tracing::debug!(
+                        forgotten_nodes = upkeep.forgotten_nodes,
+                        evicted_bytes = upkeep.evicted_bytes,
+                        nodes = upkeep.nodes,
+                        "prefix tree upkeep"
+                    ),
+                    Err(err) => tracing::warn!(error = %err, "prefix tree upkeep failed"),
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,155 @@
+use super::*;
+use crate::policy::testkit::*;
+
+fn policy() -> LeastLoadPolicy {
+    LeastLoadPolicy::new(LeastLoadConfig::default())
+}
+
+#[test]
+fn routes_by_queued_token_work() {
+    let workers = workers(3);
+    for (w, queued) in workers.iter().zip([8000, 2000, 4000]) {
+        set_load(w, engine().queued(queued).throughput(2000.0).usage(0.1));
+    }
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20, 0]);
+}
+
+#[test]
+fn normalises_by_throughput() {
+    let workers = workers(2);
+    // 4000 tokens at 4000 tok/s (1 s) beats 3000 tokens at 1000 tok/s (3 s).
+    set_load(&workers[0], engine().queued(4000).throughput(4000.0));
+    set_load(&workers[1], engine().queued(3000).throughput(1000.0));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0]);
+}
+
+#[test]
+fn kv_barrier_steers_off_a_near_full_worker() {
+    let workers = workers(2);
+    // Empty queue but k = 0.98: 0.15 * 0.98/0.02 = 7.35 s. The other: 2 s + 0.15 s.
+    set_load(&workers[0], engine().queued(0).usage(0.98));
+    set_load(&workers[1], engine().queued(4000).usage(0.5));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20]);
+    let p = policy();
+    assert!((p.kv_barrier(0.98) - 7.35).abs() < 1e-9);
+    assert!(p.kv_barrier(1.0).is_finite(), "k is clamped to 0.999");
+    let no_barrier = LeastLoadPolicy::new(LeastLoadConfig {
+        kv_pressure_weight: 0.0,
+        ..LeastLoadConfig::default()
+    });
+    assert_eq!(pick_n(&no_barrier, &workers, &plain(), 20), [20, 0]);
+}
+
+#[test]
+fn kv_term_is_skipped_unless_every_candidate_reports_k() {
+    let workers = workers(2);
+    set_load(&workers[0], engine().queued(0).usage(0.95));
+    // No k here: charging the barrier to worker 0 alone would favour the
+    // worker that reports less. Both are compared on queued work only.
+    set_load(&workers[1], engine().queued(1000));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0]);
+    set_load(&workers[1], engine().queued(1000).usage(0.1));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20]);
+}
+
+#[test]
+fn water_fills_within_one_poll_interval() {
+    let workers = workers(4);
+    for w in &workers {
+        set_load(w, engine().queued(0).throughput(2000.0).usage(0.2));
+    }
+    set_load(
+        &workers[3],
+        engine().queued(2000).throughput(2000.0).usage(0.2),
+    );
+    let policy = policy();
+    let fleet = fleet();
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let i = policy.select(&workers, &plain(), &fleet).unwrap();
+        held.push(workers[i].ledger().book(1000, 1000));
+    }
+    let dispatched: Vec<u64> = workers
+        .iter()
+        .map(|w| w.ledger().dispatched_tokens())
+        .collect();
+    // Worker 3 starts 2000 tokens behind; each booking is seen at once, so
+    // the others fill up to its level before it gets any.
+    assert_eq!(dispatched, [3000, 3000, 3000, 1000]);
+}
+
+#[test]
+fn a_fresh_poll_resets_the_correction() {
+    let workers = workers(2);
+    for w in &workers {
+        set_load(w, engine().queued(0));
+    }
+    let _a = book(&workers[0], 1, 5000);
+    let _b = book(&workers[1], 1, 1000);
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 10]);
+    // The engine reports again: what was dispatched is now in its numbers.
+    set_load(&workers[0], engine().queued(0));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [10, 0]);
+}
+
+#[test]
+fn cold_start_is_join_shortest_queue_on_requests() {
+    let workers = workers(3);
+    let _a = book(&workers[0], 2, 10);
+    let _c = book(&workers[2], 1, 50_000);
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 10, 0]);
+    let _b = book(&workers[1], 3, 1);
+    assert_eq!(
+        pick_n(&policy(), &workers, &plain(), 10),
+        [0, 0, 10],
+        "requests, not tokens"
+    );
+}
+
+#[test]
+fn a_missing_snapshot_counts_in_flight_tokens_at_the_fleet_mean_throughput() {
+    let workers = workers(3);
+    set_load(&workers[0], engine().queued(3000).throughput(1000.0)); // 3 s
+    set_load(&workers[1], engine().queued(1000).throughput(3000.0)); // 0.33 s
+    let _dark = book(&workers[2], 1, 2000); // 2000 / mean(1000, 3000) = 1 s
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 10, 0]);
+    set_load(&workers[1], engine().queued(6000).throughput(3000.0)); // 2 s
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 0, 10]);
+    // A snapshot with no signal at all is no snapshot.
+    set_load(&workers[0], engine());
+    let _more = book(&workers[0], 1, 5000); // 5000 / 3000 tok/s > 1 s
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 0, 10]);
+}
+
+#[test]
+fn zero_or_nan_throughput_falls_back_to_the_default() {
+    let workers = workers(3);
+    set_load(&workers[0], engine().queued(1000).throughput(f64::NAN)); // 0.5 s
+    set_load(&workers[1], engine().queued(1500).throughput(0.0)); // 0.75 s
+    set_load(&workers[2], engine().queued(300).throughput(500.0)); // 0.6 s
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [10, 0, 0]);
+    set_load(&workers[0], engine().queued(1000).throughput(f64::INFINITY));
+    set_load(&workers[1], engine().queued(900).throughput(-3.0)); // 0.45 s
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 10, 0]);
+}
+
+#[test]
+fn ties_break_at_random() {
+    let workers = workers(4);
+    for w in &workers {
+        set_load(w, engine().queued(100).usage(0.3));
+    }
+    let counts = pick_n(&policy(), &workers, &plain(), 400);
+    assert!(counts.iter().all(|&n| n > 50), "{counts:?}");
+}
+
+#[test]
+fn a_request_without_an_estimate_books_the_mean_prefill() {
+    let p = policy();
+    let unknown = RequestInfo {
+        max_output_tokens: Some(16),
+        ..RequestInfo::default()
+    };
+    assert_eq!(p.token_work(&unknown), 1024 + 16);
+    assert_eq!(p.token_work(&plain()), 100);
+}
