@@ -7,12 +7,33 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use shoal_mesh::Readiness;
+
 use crate::config::Config;
-use crate::fleet::LocalFleet;
+use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
+use crate::mesh_setup::{self, MeshStartError};
 use crate::workers::health::{self, HealthConfig};
 use crate::workers::{BreakerConfig, Registry};
 use crate::{load, policy, proxy, telemetry, upstream};
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The HTTP listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// What was asked for.
+        addr: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The mesh could not start (bad TLS material, ports in use, ...).
+    #[error(transparent)]
+    Mesh(#[from] MeshStartError),
+}
 
 /// A replica that is listening; drop-in for tests and `main`.
 pub struct Server {
@@ -21,34 +42,53 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `--host:--port` and builds the replica's state.
-    pub async fn bind(config: Config) -> std::io::Result<Self> {
-        let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
-        Ok(Self::with_listener(config, listener))
+    /// Binds `--host:--port`, starts the mesh if configured, and builds the
+    /// replica's state.
+    pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let listener = TcpListener::bind((config.host.as_str(), config.port))
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: format!("{}:{}", config.host, config.port),
+                source,
+            })?;
+        Self::start(config, listener).await
     }
 
-    /// Builds the replica around an already bound listener.
-    pub fn with_listener(config: Config, listener: TcpListener) -> Self {
-        let registry = Arc::new(Registry::new(
+    /// Builds the replica around an already bound listener (and starts the
+    /// mesh if the flags turn it on).
+    pub async fn start(config: Config, listener: TcpListener) -> Result<Self, StartError> {
+        let http_addr = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: "the given listener".into(),
+            source,
+        })?;
+        let mesh = mesh_setup::start(&config, http_addr).await?;
+        let registry = Arc::new(Registry::with_mesh(
             &config.worker_urls,
             BreakerConfig::from(&config),
+            mesh.clone(),
         ));
+        let fleet: Arc<dyn FleetView> = match &mesh {
+            Some(_) => Arc::new(MeshFleet::new(config.load_stale_after())),
+            None => Arc::new(LocalFleet::new(config.load_stale_after())),
+        };
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let state = AppState {
             registry,
             policy: policy::build(&config),
-            fleet: Arc::new(LocalFleet::new(config.load_stale_after())),
+            fleet,
             client: upstream::build_client(connect_timeout),
             side_client: upstream::build_client(connect_timeout),
             retry: proxy::RetryConfig::from(&config),
             request_timeout: proxy::request_timeout(&config),
             metrics: telemetry::install(),
+            mesh,
+            draining: AtomicBool::new(false),
             config: Arc::new(config),
         };
-        Self {
+        Ok(Self {
             listener,
             state: Arc::new(state),
-        }
+        })
     }
 
     /// The address actually bound (useful with `--port 0`).
@@ -56,23 +96,27 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves, then lets in-flight requests finish.
+    /// Serves until `shutdown` resolves, then drains: readiness turns 503
+    /// (and `draining` is gossiped), the listener stays open for
+    /// `--drain-settle-secs` so load balancers notice, then closes; in-flight
+    /// requests finish, and the replica leaves the mesh.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let state = self.state;
         let config = state.config.clone();
+        let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let mut background = tokio::task::JoinSet::new();
         background.spawn(health::run(
             state.registry.clone(),
-            upstream::build_client(Duration::from_millis(config.connect_timeout_ms)),
+            upstream::build_client(connect_timeout),
             HealthConfig::from(config.as_ref()),
         ));
         background.spawn(load::run(
             state.registry.clone(),
-            upstream::build_client(Duration::from_millis(config.connect_timeout_ms)),
-            load::MonitorConfig::from(config.as_ref()),
+            upstream::build_client(connect_timeout),
+            load::MonitorConfig::new(config.as_ref(), state.mesh.clone()),
         ));
         if let Some(upkeep) = state.policy.background_task() {
             background.spawn(upkeep);
@@ -85,12 +129,37 @@ impl Server {
             %addr,
             workers = state.registry.all().len(),
             policy = state.policy.name(),
+            mesh = state.mesh.is_some(),
             "shoal listening on http://{addr}"
         );
+        let draining = state.clone();
+        let drain = async move {
+            shutdown.await;
+            draining.draining.store(true, Ordering::Relaxed);
+            if let Some(mesh) = &draining.mesh {
+                mesh.set_readiness(Readiness::Draining).await;
+            }
+            let settle = draining.config.drain_settle();
+            tracing::info!(
+                settle_secs = settle.as_secs(),
+                "draining: readiness is 503, listener closes after the settle time"
+            );
+            tokio::time::sleep(settle).await;
+            tracing::info!("listener closed; finishing in-flight requests");
+        };
+        let mesh = state.mesh.clone();
         let result = axum::serve(self.listener, http::router(state))
-            .with_graceful_shutdown(shutdown)
+            .with_graceful_shutdown(drain)
             .await;
         background.shutdown().await;
+        if let Some(mesh) = mesh {
+            match Arc::try_unwrap(mesh) {
+                Ok(mesh) => mesh.shutdown().await,
+                Err(_) => {
+                    tracing::warn!("mesh still in use at exit; peers will time this replica out")
+                }
+            }
+        }
         result
     }
 }

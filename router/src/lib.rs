@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod http;
 pub mod load;
 pub mod logging;
+pub mod mesh_setup;
 pub mod policy;
 pub mod proxy;
 pub mod request;

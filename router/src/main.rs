@@ -34,13 +34,10 @@ async fn main() -> ExitCode {
     if config.worker_urls.is_empty() {
         tracing::warn!("no --worker-urls given: add workers with POST /workers");
     }
-    let server = match Server::bind(config.clone()).await {
+    let server = match Server::bind(config).await {
         Ok(server) => server,
         Err(err) => {
-            eprintln!(
-                "error: cannot listen on {}:{}: {err}",
-                config.host, config.port
-            );
+            eprintln!("error: {err}");
             return ExitCode::from(1);
         }
     };

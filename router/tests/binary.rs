@@ -28,7 +28,7 @@ fn spawn_shoal(engine: &FakeEngine) -> (Child, String) {
     let mut child = Child(
         Command::new(env!("CARGO_BIN_EXE_shoal"))
             .args(["--host", "127.0.0.1", "--port", "0"])
-            .args(["--worker-load-source", "none"])
+            .args(["--worker-load-source", "none", "--drain-settle-secs", "1"])
             .args(["--worker-urls", &engine.url])
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())

@@ -88,8 +88,20 @@ pub const HEALTH_CHECK_ENDPOINT: &str = "/health";
 
 /// Log filter used when `RUST_LOG` is not set.
 pub const LOG_LEVEL: &str = "info";
-/// Name this replica stamps on the snapshots it polls.
-pub const NODE_NAME: &str = "shoal";
+/// Node name when neither `--mesh-name` nor the host name is available.
+pub const MESH_NAME_FALLBACK: &str = "shoal";
+/// Gossip (chitchat, UDP) port when the mesh is on and `--mesh-port` is not given.
+pub const MESH_PORT: u16 = 30001;
+/// QUIC load-plane (UDP) port when `--mesh-quic-port` is not given.
+pub const MESH_QUIC_PORT: u16 = 30002;
+/// Address the mesh sockets bind to.
+pub const MESH_HOST: &str = "0.0.0.0";
+/// Cluster id; replicas of another cluster are refused.
+pub const MESH_CLUSTER_ID: &str = "shoal";
+/// How often changed in-flight counts are pushed to peers.
+pub const MESH_SYNC_INTERVAL_MS: u64 = 20;
+/// Seconds between SIGTERM and closing the listener.
+pub const DRAIN_SETTLE_SECS: u64 = 5;
 
 /// Characters per token in the prompt-token estimate (see `request::estimate`).
 pub const CHARS_PER_TOKEN: u64 = 4;

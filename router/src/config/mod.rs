@@ -7,6 +7,7 @@
 
 pub mod defaults;
 mod file;
+mod mesh;
 mod parsers;
 
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 pub use file::FileError;
+pub use mesh::MeshArgs;
 
 /// Which routing policy a replica runs. The router builds the policy from
 /// this once at start-up and never matches on it again.
@@ -219,9 +221,14 @@ pub struct Config {
     #[arg(long, env = "SHOAL_HEALTH_CHECK_ENDPOINT", default_value = defaults::HEALTH_CHECK_ENDPOINT, value_parser = parsers::url_path)]
     pub health_check_endpoint: String,
 
-    /// Name stamped on the load snapshots this replica takes.
-    #[arg(long, env = "SHOAL_NODE_NAME", default_value = defaults::NODE_NAME)]
-    pub node_name: String,
+    /// Mesh (fleet-wide load sharing) settings.
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+
+    /// Seconds between SIGTERM (readiness turns to draining) and closing
+    /// the listener; in-flight requests then finish.
+    #[arg(long, env = "SHOAL_DRAIN_SETTLE_SECS", default_value_t = defaults::DRAIN_SETTLE_SECS)]
+    pub drain_settle_secs: u64,
 
     /// Log filter when RUST_LOG is unset (e.g. info, debug, shoal=trace).
     #[arg(long, env = "SHOAL_LOG_LEVEL", default_value = defaults::LOG_LEVEL)]
@@ -294,9 +301,7 @@ impl Config {
                 self.load_poll_interval_ms
             )));
         }
-        if self.node_name.trim().is_empty() {
-            return Err(ConfigError::Invalid("--node-name must not be empty".into()));
-        }
+        self.mesh.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
@@ -318,6 +323,11 @@ impl Config {
     /// Interval between prefix-tree evictions (`cache_aware`).
     pub fn eviction_interval(&self) -> Duration {
         Duration::from_secs(self.eviction_interval_secs)
+    }
+
+    /// Grace period between SIGTERM and closing the listener.
+    pub fn drain_settle(&self) -> Duration {
+        Duration::from_secs(self.drain_settle_secs)
     }
 
     /// Retries allowed after the first attempt (0 when retries are off).

@@ -90,3 +90,35 @@ pub fn url_path(text: &str) -> Result<String, String> {
 pub fn worker_url(text: &str) -> Result<String, String> {
     crate::workers::normalize_url(text)
 }
+
+/// A `host:port` gossip seed; the host may be a DNS name or an IP
+/// (`[v6]:port` for IPv6).
+pub fn host_port(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("`{text}` must be HOST:PORT"));
+    };
+    port.parse::<u16>()
+        .map_err(|_| format!("`{text}`: `{port}` is not a port"))?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<std::net::IpAddr>().is_err() && !is_dns_name(bare) {
+        return Err(format!(
+            "`{text}`: `{host}` is neither an IP address nor a DNS name"
+        ));
+    }
+    Ok(text.to_string())
+}
+
+/// True for a syntactically valid DNS name (labels of letters, digits and
+/// inner hyphens, at most 63 characters each, 253 in all).
+pub fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.trim_end_matches('.').split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}

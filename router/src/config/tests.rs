@@ -222,3 +222,82 @@ fn config_file_errors_name_the_file_and_key() {
     let text = error_text(&["--config", "/nonexistent/shoal.toml"]);
     assert!(text.contains("/nonexistent/shoal.toml"), "{text}");
 }
+
+#[test]
+fn mesh_is_off_by_default_and_on_with_peers_or_a_port() {
+    let config = parse(&[]).unwrap();
+    assert!(!config.mesh.enabled());
+    assert_eq!(config.mesh.gossip_port(), defaults::MESH_PORT);
+    assert_eq!(
+        config.drain_settle(),
+        Duration::from_secs(defaults::DRAIN_SETTLE_SECS)
+    );
+    let text = error_text(&["--mesh-port", "0"]);
+    assert!(text.contains("--mesh-tls-ca"), "{text}");
+}
+
+#[test]
+fn mesh_flags_are_checked_with_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::cli::generate(dir.path(), &["a".into()], 1, false).unwrap();
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("a.pem"), file("a-key.pem"));
+    let tls = [
+        "--mesh-tls-ca",
+        &ca,
+        "--mesh-tls-cert",
+        &cert,
+        "--mesh-tls-key",
+        &key,
+        "--mesh-name",
+        "a",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        tls.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let args = with(&["--mesh-peer-urls", "127.0.0.1:7001,peers.shoal.svc:7001"]);
+    let text = error_text(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(text.contains("--mesh-advertise-host"), "{text}");
+
+    let args = with(&[
+        "--mesh-peer-urls",
+        "127.0.0.1:7001",
+        "--mesh-advertise-host",
+        "10.0.0.1",
+    ]);
+    let config = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert!(config.mesh.enabled());
+    assert_eq!(config.mesh.mesh_peer_urls, vec!["127.0.0.1:7001"]);
+
+    for (bad, flag) in [
+        (vec!["--mesh-peer-urls", "no-port"], "--mesh-peer-urls"),
+        (vec!["--mesh-peer-urls", "a b:1"], "--mesh-peer-urls"),
+        (vec!["--mesh-name", "Not_A_Name"], "--mesh-name"),
+        (vec!["--mesh-host", "localhost"], "--mesh-host"),
+        (
+            vec!["--mesh-sync-interval-ms", "0"],
+            "--mesh-sync-interval-ms",
+        ),
+    ] {
+        let text = error_text(&bad);
+        assert!(text.contains(flag), "{bad:?}: {text}");
+    }
+    let text = error_text(&[
+        "--mesh-port",
+        "1",
+        "--mesh-tls-ca",
+        "/nonexistent.pem",
+        "--mesh-tls-cert",
+        &cert,
+        "--mesh-tls-key",
+        &key,
+        "--mesh-name",
+        "a",
+        "--mesh-host",
+        "127.0.0.1",
+    ]);
+    assert!(
+        text.contains("--mesh-tls-ca") && text.contains("/nonexistent.pem"),
+        "{text}"
+    );
+}

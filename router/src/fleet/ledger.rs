@@ -4,9 +4,15 @@
 //! is dropped, so a finished stream, an error and a client that went away
 //! all release exactly once. The dispatched counter only grows; the load
 //! monitor stamps it on each snapshot as the poll mark.
+//!
+//! With a mesh, the counters live in the mesh's own slot for the worker
+//! ([`WorkerSlot`]), which peers receive; the booking cost is the same
+//! handful of relaxed atomics either way.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use shoal_mesh::{SlotBooking, WorkerSlot};
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -43,77 +49,141 @@ impl std::ops::Add for LedgerCounts {
     }
 }
 
+#[derive(Debug, Clone)]
+enum Store {
+    Local(Arc<Counters>),
+    Mesh(WorkerSlot),
+}
+
 /// In-flight requests and token-work this replica has routed to one worker.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Ledger {
-    counters: Arc<Counters>,
+    store: Store,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            store: Store::Local(Arc::default()),
+        }
+    }
 }
 
 impl Ledger {
-    /// Books one request of `prompt_tokens` prompt and `token_work` total
-    /// token-work. The counts are visible to the next selection at once.
-    pub fn book(&self, prompt_tokens: u64, token_work: u64) -> Booking {
-        let c = &self.counters;
-        c.requests.fetch_add(1, Ordering::Relaxed);
-        c.tokens.fetch_add(token_work, Ordering::Relaxed);
-        c.pending_prefill
-            .fetch_add(prompt_tokens, Ordering::Relaxed);
-        c.dispatched.fetch_add(token_work, Ordering::Relaxed);
-        Booking {
-            counters: self.counters.clone(),
-            token_work,
-            pending_prefill: prompt_tokens,
+    /// A ledger whose counters are this replica's mesh slot for the worker.
+    pub fn meshed(slot: WorkerSlot) -> Self {
+        Self {
+            store: Store::Mesh(slot),
         }
     }
 
-    /// All four counters at once.
+    /// The mesh slot behind this ledger, if the mesh is on.
+    pub fn mesh_slot(&self) -> Option<&WorkerSlot> {
+        match &self.store {
+            Store::Mesh(slot) => Some(slot),
+            Store::Local(_) => None,
+        }
+    }
+
+    /// Books one request of `prompt_tokens` prompt and `token_work` total
+    /// token-work. The counts are visible to the next selection at once.
+    pub fn book(&self, prompt_tokens: u64, token_work: u64) -> Booking {
+        match &self.store {
+            Store::Mesh(slot) => Booking {
+                claim: Claim::Mesh(slot.book(prompt_tokens, token_work)),
+            },
+            Store::Local(c) => {
+                c.requests.fetch_add(1, Ordering::Relaxed);
+                c.tokens.fetch_add(token_work, Ordering::Relaxed);
+                c.pending_prefill
+                    .fetch_add(prompt_tokens, Ordering::Relaxed);
+                c.dispatched.fetch_add(token_work, Ordering::Relaxed);
+                Booking {
+                    claim: Claim::Local {
+                        counters: c.clone(),
+                        token_work,
+                        pending_prefill: prompt_tokens,
+                    },
+                }
+            }
+        }
+    }
+
+    /// All four of this replica's counters at once.
     pub fn counts(&self) -> LedgerCounts {
-        let c = &self.counters;
-        LedgerCounts {
-            requests: c.requests.load(Ordering::Relaxed),
-            tokens: c.tokens.load(Ordering::Relaxed),
-            pending_prefill: c.pending_prefill.load(Ordering::Relaxed),
-            dispatched: c.dispatched.load(Ordering::Relaxed),
+        match &self.store {
+            Store::Local(c) => LedgerCounts {
+                requests: c.requests.load(Ordering::Relaxed),
+                tokens: c.tokens.load(Ordering::Relaxed),
+                pending_prefill: c.pending_prefill.load(Ordering::Relaxed),
+                dispatched: c.dispatched.load(Ordering::Relaxed),
+            },
+            Store::Mesh(slot) => {
+                let own = slot.own();
+                LedgerCounts {
+                    requests: own.requests,
+                    tokens: own.tokens,
+                    pending_prefill: own.pending_prefill,
+                    dispatched: own.dispatched,
+                }
+            }
         }
     }
 
     /// Requests in flight.
     pub fn inflight_requests(&self) -> u64 {
-        self.counters.requests.load(Ordering::Relaxed)
+        self.counts().requests
     }
 
     /// Token-work in flight.
     pub fn inflight_tokens(&self) -> u64 {
-        self.counters.tokens.load(Ordering::Relaxed)
+        self.counts().tokens
     }
 
     /// Prompt tokens still waiting for their first response byte.
     pub fn pending_prefill_tokens(&self) -> u64 {
-        self.counters.pending_prefill.load(Ordering::Relaxed)
+        self.counts().pending_prefill
     }
 
     /// Token-work ever dispatched (grow-only).
     pub fn dispatched_tokens(&self) -> u64 {
-        self.counters.dispatched.load(Ordering::Relaxed)
+        self.counts().dispatched
     }
+}
+
+#[derive(Debug)]
+enum Claim {
+    Local {
+        counters: Arc<Counters>,
+        token_work: u64,
+        pending_prefill: u64,
+    },
+    Mesh(SlotBooking),
 }
 
 /// One request's claim on a worker; dropping it releases the claim.
 #[derive(Debug)]
 pub struct Booking {
-    counters: Arc<Counters>,
-    token_work: u64,
-    pending_prefill: u64,
+    claim: Claim,
 }
 
 impl Booking {
     /// The first response byte arrived: the prompt is no longer queued.
     pub fn first_byte(&mut self) {
-        let pending = std::mem::take(&mut self.pending_prefill);
-        if pending > 0 {
-            self.counters
-                .pending_prefill
-                .fetch_sub(pending, Ordering::Relaxed);
+        match &mut self.claim {
+            Claim::Mesh(booking) => booking.first_byte(),
+            Claim::Local {
+                counters,
+                pending_prefill,
+                ..
+            } => {
+                let pending = std::mem::take(pending_prefill);
+                if pending > 0 {
+                    counters
+                        .pending_prefill
+                        .fetch_sub(pending, Ordering::Relaxed);
+                }
+            }
         }
     }
 }
@@ -121,10 +191,16 @@ impl Booking {
 impl Drop for Booking {
     fn drop(&mut self) {
         self.first_byte();
-        self.counters.requests.fetch_sub(1, Ordering::Relaxed);
-        self.counters
-            .tokens
-            .fetch_sub(self.token_work, Ordering::Relaxed);
+        // A mesh booking releases itself when the claim is dropped.
+        if let Claim::Local {
+            counters,
+            token_work,
+            ..
+        } = &self.claim
+        {
+            counters.requests.fetch_sub(1, Ordering::Relaxed);
+            counters.tokens.fetch_sub(*token_work, Ordering::Relaxed);
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! The fleet view: what a policy knows about each worker's load.
 //!
 //! Policies read load only through [`FleetView`]. A replica without a mesh
-//! uses [`LocalFleet`], which reports its own bookings and its own polls; the
-//! mesh will provide another implementation that adds every live replica's
-//! slot, so the same policy code sees fleet-wide numbers.
+//! uses [`LocalFleet`], which reports its own bookings and its own polls; a
+//! meshed one uses [`MeshFleet`], which adds every live replica's slot and
+//! takes the freshest snapshot any replica polled, so the same policy code
+//! sees fleet-wide numbers.
 
 mod ledger;
+mod mesh_view;
 mod snapshot_cell;
 
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use shoal_proto::EngineLoad;
 use crate::workers::Worker;
 
 pub use ledger::{Booking, Ledger, LedgerCounts};
+pub use mesh_view::MeshFleet;
 pub use snapshot_cell::{SnapshotCell, SnapshotReading};
 
 /// Everything a policy may know about one worker's load, at one instant.

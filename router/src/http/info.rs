@@ -32,8 +32,12 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"status": "ok", "workers": workers.len(), "available_workers": available}))
 }
 
-/// `GET /readiness`: 200 when at least one worker can take traffic, else 503.
+/// `GET /readiness`: 200 when at least one worker can take traffic, else
+/// 503 (also while draining after SIGTERM, so load balancers stop sending).
 pub async fn readiness(State(app): State<Arc<AppState>>) -> Response {
+    if app.is_draining() {
+        return ApiError::no_workers("draining: this replica is shutting down").into_response();
+    }
     let workers = app.registry.all();
     let available = workers.iter().filter(|w| w.is_available()).count();
     if available > 0 {
@@ -117,4 +121,16 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Response {
     }
     Json(json!({"object": "list", "data": merged.into_values().collect::<Vec<_>>()}))
         .into_response()
+}
+
+/// `GET /mesh/status`: members, per-worker fleet totals with each replica's
+/// share, snapshot sources and poll owners, traffic counters.
+pub async fn mesh_status(State(app): State<Arc<AppState>>) -> Response {
+    match &app.mesh {
+        Some(mesh) => Json(mesh.status()).into_response(),
+        None => ApiError::not_found(
+            "the mesh is off on this replica (start it with --mesh-peer-urls or --mesh-port)",
+        )
+        .into_response(),
+    }
 }

@@ -31,6 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/liveness", get(info::liveness))
         .route("/readiness", get(info::readiness))
         .route("/metrics", get(info::metrics))
+        .route("/mesh/status", get(info::mesh_status))
         .route("/workers", get(admin::list).post(admin::add))
         .route("/workers/{url}", delete(admin::remove))
         .fallback(|| async { ApiError::not_found("no such route") })

@@ -1,9 +1,11 @@
 //! What every HTTP handler shares.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use shoal_mesh::Mesh;
 
 use crate::config::Config;
 use crate::fleet::FleetView;
@@ -33,4 +35,15 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Prometheus handle, if this process owns the recorder.
     pub metrics: Option<PrometheusHandle>,
+    /// The mesh, when this replica shares load with peers.
+    pub mesh: Option<Arc<Mesh>>,
+    /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    /// Whether the replica is shutting down.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 }

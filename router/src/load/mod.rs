@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
+use shoal_mesh::Mesh;
 use shoal_proto::LoadSnapshot;
 
 use crate::config::{Config, LoadSource};
@@ -30,15 +31,38 @@ pub struct MonitorConfig {
     pub source: LoadSource,
     /// Name stamped on snapshots as their poller.
     pub node_name: String,
+    /// Age past which a snapshot counts as missing: a non-owner polls a
+    /// worker itself when the fleet has nothing fresher.
+    pub stale_after: Duration,
+    /// The mesh, when on: polls are split by ownership and shared.
+    pub mesh: Option<Arc<Mesh>>,
 }
 
-impl From<&Config> for MonitorConfig {
-    fn from(config: &Config) -> Self {
+impl MonitorConfig {
+    /// The monitor settings of `config`, sharing through `mesh` if given.
+    pub fn new(config: &Config, mesh: Option<Arc<Mesh>>) -> Self {
         Self {
             interval: config.load_poll_interval(),
             source: config.worker_load_source,
-            node_name: config.node_name.clone(),
+            node_name: config.mesh.node_name(),
+            stale_after: config.load_stale_after(),
+            mesh,
         }
+    }
+
+    /// Whether this replica should poll `worker` this round: always without
+    /// a mesh; with one, when it owns the worker or when no replica's
+    /// snapshot is fresh (the owner is late, dead or not yet known).
+    pub fn should_poll(&self, worker: &Worker) -> bool {
+        let (Some(mesh), Some(slot)) = (&self.mesh, worker.ledger().mesh_slot()) else {
+            return true;
+        };
+        if mesh.owns(worker.url()) {
+            return true;
+        }
+        slot.fleet()
+            .snapshot
+            .is_none_or(|s| s.learned_at.elapsed() > self.stale_after)
     }
 }
 
@@ -56,8 +80,14 @@ pub async fn poll_once(
     state: &mut PollState,
     config: &MonitorConfig,
 ) -> Result<LoadSnapshot, PollError> {
-    let mark = worker.ledger().dispatched_tokens();
-    let polled_at_unix_ms = unix_ms();
+    let slot = worker.ledger().mesh_slot();
+    let (polled_at_unix_ms, mark) = match slot {
+        Some(slot) => {
+            let stamp = slot.poll_stamp();
+            (stamp.polled_at_unix_ms, stamp.dispatched_mark)
+        }
+        None => (unix_ms(), worker.ledger().dispatched_tokens()),
+    };
     let result = poll::poll(client, worker.url(), state, config.source, config.interval).await;
     let engine = state.kind().map(|k| k.as_str()).unwrap_or("unknown");
     match result {
@@ -70,6 +100,9 @@ pub async fn poll_once(
                 dispatched_mark: mark,
             };
             telemetry::load_poll(worker.url(), engine, Ok(&snapshot));
+            if let (Some(mesh), Some(slot)) = (&config.mesh, slot) {
+                mesh.publish_snapshot(slot, &snapshot);
+            }
             worker.store_snapshot(snapshot.clone());
             Ok(snapshot)
         }
@@ -99,6 +132,9 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: MonitorCon
         }
         let polls = states.iter_mut().filter_map(|(url, state)| {
             let worker = workers.iter().find(|w| w.url() == url)?.clone();
+            if !config.should_poll(&worker) {
+                return None;
+            }
             let client = &client;
             let config = &config;
             Some(async move {

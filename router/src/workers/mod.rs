@@ -13,6 +13,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use http::Uri;
 use serde::Serialize;
+use shoal_mesh::Mesh;
 use shoal_proto::LoadSnapshot;
 
 use crate::fleet::{Ledger, SnapshotCell};
@@ -74,6 +75,11 @@ pub struct Worker {
 impl Worker {
     /// A worker that starts in rotation (optimistic until a check fails).
     pub fn new(url: String, breaker: BreakerConfig) -> Self {
+        Self::with_ledger(url, breaker, Ledger::default())
+    }
+
+    /// A worker whose bookings go to `ledger` (a mesh slot when meshed).
+    pub fn with_ledger(url: String, breaker: BreakerConfig, ledger: Ledger) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -81,7 +87,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             health_streak: std::sync::Mutex::new(health::Streak::default()),
             breaker: CircuitBreaker::new(breaker),
-            ledger: Ledger::default(),
+            ledger,
             snapshot: ArcSwap::from_pointee(None),
             snapshot_cell: SnapshotCell::default(),
         }
@@ -198,23 +204,41 @@ pub enum RegistryError {
 pub struct Registry {
     workers: ArcSwap<Vec<Arc<Worker>>>,
     breaker: BreakerConfig,
+    mesh: Option<Arc<Mesh>>,
     write: std::sync::Mutex<()>,
 }
 
 impl Registry {
     /// A registry holding `urls` (already normalised), in order, deduplicated.
     pub fn new(urls: &[String], breaker: BreakerConfig) -> Self {
+        Self::with_mesh(urls, breaker, None)
+    }
+
+    /// Like [`Registry::new`]; with a mesh, every worker books into its
+    /// mesh slot so peers see this replica's load.
+    pub fn with_mesh(urls: &[String], breaker: BreakerConfig, mesh: Option<Arc<Mesh>>) -> Self {
+        let registry = Self {
+            workers: ArcSwap::from_pointee(Vec::new()),
+            breaker,
+            mesh,
+            write: std::sync::Mutex::new(()),
+        };
         let mut workers: Vec<Arc<Worker>> = Vec::with_capacity(urls.len());
         for url in urls {
             if !workers.iter().any(|w| w.url == *url) {
-                workers.push(Arc::new(Worker::new(url.clone(), breaker.clone())));
+                workers.push(registry.make_worker(url.clone()));
             }
         }
-        Self {
-            workers: ArcSwap::from_pointee(workers),
-            breaker,
-            write: std::sync::Mutex::new(()),
-        }
+        registry.workers.store(Arc::new(workers));
+        registry
+    }
+
+    fn make_worker(&self, url: String) -> Arc<Worker> {
+        let ledger = match &self.mesh {
+            Some(mesh) => Ledger::meshed(mesh.worker(&url)),
+            None => Ledger::default(),
+        };
+        Arc::new(Worker::with_ledger(url, self.breaker.clone(), ledger))
     }
 
     /// A consistent snapshot of all workers.
@@ -229,7 +253,7 @@ impl Registry {
         if current.iter().any(|w| w.url == url) {
             return Err(RegistryError::Exists(url));
         }
-        let worker = Arc::new(Worker::new(url, self.breaker.clone()));
+        let worker = self.make_worker(url);
         let mut next = Vec::with_capacity(current.len() + 1);
         next.extend(current.iter().cloned());
         next.push(worker.clone());

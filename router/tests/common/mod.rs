@@ -26,7 +26,9 @@ impl Router {
         argv.extend(args.iter().cloned());
         let config = Config::load_from(argv).expect("valid test config");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server = Server::with_listener(config, listener);
+        let server = Server::start(config, listener)
+            .await
+            .expect("replica starts");
         let addr = server.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {

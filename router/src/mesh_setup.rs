@@ -1,0 +1,69 @@
+//! Turning the `--mesh-*` flags into a running [`Mesh`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use shoal_mesh::{Mesh, MeshConfig, PemSource, TlsConfig};
+
+use crate::config::Config;
+
+/// Why the mesh could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("mesh: {0}")]
+pub struct MeshStartError(String);
+
+fn pem(path: &Option<std::path::PathBuf>, flag: &str) -> Result<PemSource, MeshStartError> {
+    path.clone()
+        .map(PemSource::Path)
+        .ok_or_else(|| MeshStartError(format!("{flag} is required")))
+}
+
+/// Builds the mesh configuration from the flags.
+pub fn mesh_config(config: &Config, http_addr: SocketAddr) -> Result<MeshConfig, MeshStartError> {
+    let args = &config.mesh;
+    let tls = TlsConfig {
+        ca: pem(&args.mesh_tls_ca, "--mesh-tls-ca")?,
+        cert: pem(&args.mesh_tls_cert, "--mesh-tls-cert")?,
+        key: pem(&args.mesh_tls_key, "--mesh-tls-key")?,
+    };
+    let mut mesh = MeshConfig::new(
+        args.node_name(),
+        args.mesh_cluster_id.clone(),
+        SocketAddr::new(args.mesh_host, args.gossip_port()),
+        SocketAddr::new(args.mesh_host, args.mesh_quic_port),
+        tls,
+    );
+    mesh.advertise_host = args.mesh_advertise_host.clone();
+    mesh.seeds = args.mesh_peer_urls.clone();
+    mesh.sync_interval = args.sync_interval();
+    mesh.version = env!("CARGO_PKG_VERSION").to_string();
+    let advertised_http = match &args.mesh_advertise_host {
+        Some(host) if http_addr.ip().is_unspecified() => format!("{host}:{}", http_addr.port()),
+        _ => http_addr.to_string(),
+    };
+    mesh.http_addr = Some(advertised_http);
+    mesh.validate().map_err(MeshStartError)?;
+    Ok(mesh)
+}
+
+/// Starts the mesh when the flags turn it on.
+pub async fn start(
+    config: &Config,
+    http_addr: SocketAddr,
+) -> Result<Option<Arc<Mesh>>, MeshStartError> {
+    if !config.mesh.enabled() {
+        return Ok(None);
+    }
+    let mesh_config = mesh_config(config, http_addr)?;
+    let mesh = Mesh::start(mesh_config)
+        .await
+        .map_err(|e| MeshStartError(e.to_string()))?;
+    tracing::info!(
+        node = %mesh.incarnation(),
+        gossip = %mesh.gossip_addr(),
+        quic = %mesh.quic_addr(),
+        seeds = ?config.mesh.mesh_peer_urls,
+        "mesh started"
+    );
+    Ok(Some(Arc::new(mesh)))
+}
