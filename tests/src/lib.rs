@@ -1,4 +1,6 @@
 //! Shared helpers for Shoal's cross-process tests, mock engine and benchmarks.
 
 pub mod client;
+pub mod fleet;
 pub mod mock;
+pub mod workload;

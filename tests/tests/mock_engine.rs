@@ -516,3 +516,33 @@ async fn cli_starts_many_engines_and_validates_flags() {
     }
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn load_endpoint_hits_are_counted() {
+    let client = HttpClient::new();
+    for (flavor, load_paths) in [
+        (
+            Flavor::Sglang,
+            &["/v1/loads?include=core", "/get_load", "/metrics"][..],
+        ),
+        (Flavor::Vllm, &["/metrics"][..]),
+        (Flavor::Llamacpp, &["/metrics", "/slots"][..]),
+    ] {
+        let h = start(fast(flavor)).await;
+        for path in load_paths
+            .iter()
+            .chain(&["/health", "/v1/models", "/stats"])
+        {
+            let r = client.get(&format!("{}{path}", h.url())).await.unwrap();
+            assert_eq!(r.status, 200, "{flavor} {path}");
+        }
+        assert_eq!(h.load_polls(), load_paths.len() as u64, "{flavor}");
+        let v = client
+            .get(&format!("{}/stats", h.url()))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(v["load_polls"], load_paths.len() as u64, "{flavor}");
+    }
+}

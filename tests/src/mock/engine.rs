@@ -57,6 +57,7 @@ pub struct Engine {
     wake: Notify,
     fault: AtomicU8,
     next_id: AtomicU64,
+    load_polls: AtomicU64,
     started_unix: f64,
     dead: watch::Sender<bool>,
 }
@@ -71,6 +72,7 @@ impl Engine {
             wake: Notify::new(),
             fault: AtomicU8::new(0),
             next_id: AtomicU64::new(1),
+            load_polls: AtomicU64::new(0),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs_f64())
@@ -124,6 +126,16 @@ impl Engine {
     /// A receiver that turns `true` when the engine stops.
     pub(crate) fn dead_watch(&self) -> watch::Receiver<bool> {
         self.dead.subscribe()
+    }
+
+    /// Requests served on the load endpoints (`/v1/loads`, `/get_load`,
+    /// `/metrics`, `/slots`) since start: how often routers poll this engine.
+    pub fn load_polls(&self) -> u64 {
+        self.load_polls.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_load_poll(&self) {
+        self.load_polls.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn next_request_id(&self) -> u64 {

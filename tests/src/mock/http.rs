@@ -108,6 +108,7 @@ async fn sglang_loads(
     State(engine): State<Arc<Engine>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    engine.count_load_poll();
     if let Some(include) = q.get("include") {
         for section in include.split(',').map(str::trim) {
             if !formats::SGLANG_INCLUDE_SECTIONS.contains(&section) {
@@ -131,6 +132,7 @@ async fn sglang_loads(
 }
 
 async fn sglang_get_load(State(engine): State<Arc<Engine>>) -> Response {
+    engine.count_load_poll();
     if garbage(&engine) {
         return json_ok(formats::garbage_json());
     }
@@ -138,6 +140,7 @@ async fn sglang_get_load(State(engine): State<Arc<Engine>>) -> Response {
 }
 
 async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
+    engine.count_load_poll();
     let cfg = engine.config();
     let prefix = match cfg.flavor {
         Flavor::Sglang => "sglang:",
@@ -157,6 +160,7 @@ async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
 }
 
 async fn llamacpp_slots(State(engine): State<Arc<Engine>>) -> Response {
+    engine.count_load_poll();
     if garbage(&engine) {
         return json_ok(formats::garbage_json());
     }
@@ -168,8 +172,9 @@ struct StatsQuery {
     since: Option<u64>,
 }
 
-/// `GET /stats[?since=SEQ]`: the model snapshot (gauges, counters, slots)
-/// and the finished-request records with `seq > since`.
+/// `GET /stats[?since=SEQ]`: the model snapshot (gauges, counters, slots),
+/// the load-endpoint hit count and the finished-request records with
+/// `seq > since`.
 async fn stats(State(engine): State<Arc<Engine>>, Query(q): Query<StatsQuery>) -> Response {
     let cfg = engine.config();
     let body = json!({
@@ -177,6 +182,7 @@ async fn stats(State(engine): State<Arc<Engine>>, Query(q): Query<StatsQuery>) -
         "model": cfg.model_name,
         "fault": engine.fault(),
         "time_scale": cfg.time_scale,
+        "load_polls": engine.load_polls(),
         "snapshot": engine.snapshot(),
         "recent": engine.records_since(q.since.unwrap_or(0)),
     });

@@ -27,7 +27,8 @@
 //!   repeated prefix skips its prefill.
 //!
 //! Besides the engine routes every engine serves `GET /stats[?since=SEQ]`
-//! (snapshot, counters and recent per-request timing) and
+//! (snapshot, counters, `load_polls` — hits on the load endpoints — and
+//! recent per-request timing) and
 //! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`.
 
 mod config;

@@ -43,6 +43,11 @@ impl EngineHandle {
         self.engine.snapshot()
     }
 
+    /// Load-endpoint requests served so far (see [`Engine::load_polls`]).
+    pub fn load_polls(&self) -> u64 {
+        self.engine.load_polls()
+    }
+
     /// Switches the engine's fault mode (`Die` stops it).
     pub fn set_fault(&self, mode: FaultMode) {
         self.engine.set_fault(mode);

@@ -4,40 +4,16 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use shoal_tests::client::{HttpClient, HttpResponse};
 use shoal_tests::mock::{EngineConfig, EngineHandle, ModelSnapshot, spawn_engine};
+pub use shoal_tests::workload::{chat, text};
 
 /// Starts an engine on an ephemeral loopback port.
 pub async fn start(cfg: EngineConfig) -> EngineHandle {
     spawn_engine(cfg, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap()
-}
-
-/// `chars` characters of text unique to `seed` (no accidental prefix hits).
-pub fn text(seed: u64, chars: usize) -> String {
-    let mut x = seed
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1_442_695_040_888_963_407);
-    (0..chars)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            char::from(b'a' + ((x >> 33) % 26) as u8)
-        })
-        .collect()
-}
-
-/// A chat request body with one user message.
-pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
-    json!({
-        "model": "mock",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": stream,
-    })
 }
 
 /// Polls `f` every 2 ms until it is true; panics after `timeout`.

@@ -1,0 +1,151 @@
+//! Helpers for the fleet tests: real `shoal` replicas (the harness in
+//! `shoal_tests::fleet`) over in-process mock engines, serialized so the
+//! fleets of different tests do not compete for the CPU.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use shoal_tests::client::HttpClient;
+use shoal_tests::fleet::{Fleet, FleetConfig, MeshStatus, locate_shoal};
+use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
+
+/// Each test's bound, start-up included.
+pub const TEST_BOUND: Duration = Duration::from_secs(30);
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `body` alone (one fleet at a time) and fails it after [`TEST_BOUND`].
+pub async fn run<F: Future>(body: F) -> F::Output {
+    let _one_at_a_time = SERIAL.lock().await;
+    let started = Instant::now();
+    let out = tokio::time::timeout(TEST_BOUND, body)
+        .await
+        .unwrap_or_else(|_| panic!("the test exceeded its bound of {TEST_BOUND:?}"));
+    println!("test body took {:?}", started.elapsed());
+    out
+}
+
+/// Mock engines, the replicas over them and a client.
+pub struct Setup {
+    /// In-process mock SGLang engines.
+    pub engines: Vec<EngineHandle>,
+    /// The `shoal` replicas (`a`, `b`, `c`).
+    pub fleet: Fleet,
+    /// A pooled client.
+    pub client: HttpClient,
+}
+
+/// Starts `engines` mock SGLang engines (real-time) on loopback.
+pub async fn engines(n: usize) -> Vec<EngineHandle> {
+    let cfg = EngineConfig {
+        flavor: Flavor::Sglang,
+        ..EngineConfig::default()
+    };
+    spawn_engines(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, n)
+        .await
+        .unwrap()
+}
+
+/// Three replicas over `workers` (indexes into `engines`) with `args`;
+/// meshed (and waited for) when `mesh`.
+pub async fn start(
+    engines: Vec<EngineHandle>,
+    workers: &[usize],
+    mesh: bool,
+    args: &[&str],
+) -> Setup {
+    let bin = locate_shoal(None).unwrap_or_else(|e| panic!("{e}"));
+    let urls = workers.iter().map(|&i| engines[i].url()).collect();
+    let cfg = FleetConfig::new(bin, 3, urls)
+        .mesh(mesh)
+        .args(args.iter().copied());
+    let fleet = Fleet::start(cfg).await.unwrap_or_else(|e| panic!("{e}"));
+    if mesh {
+        let t = Instant::now();
+        fleet
+            .wait_meshed(Duration::from_secs(15))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!("meshed after {:?}", t.elapsed());
+    }
+    Setup {
+        engines,
+        fleet,
+        client: HttpClient::new(),
+    }
+}
+
+/// Three meshed replicas over `n` fresh engines, all of them workers.
+pub async fn meshed(n: usize, args: &[&str]) -> Setup {
+    let all: Vec<usize> = (0..n).collect();
+    start(engines(n).await, &all, true, args).await
+}
+
+/// Calls `probe` every 20 ms until it returns `Some`; panics after `timeout`.
+pub async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Setup {
+    /// `/mesh/status` of replica `i`, or `None` if it does not answer.
+    pub async fn status(&self, i: usize) -> Option<MeshStatus> {
+        self.fleet.status(i).await.ok()
+    }
+
+    /// Requests each engine has accepted so far.
+    pub fn accepted(&self) -> Vec<u64> {
+        self.engines
+            .iter()
+            .map(|e| e.snapshot().counters.requests_total)
+            .collect()
+    }
+
+    /// Requests running or waiting at each engine now.
+    pub fn active(&self) -> Vec<usize> {
+        self.engines
+            .iter()
+            .map(|e| {
+                let s = e.snapshot();
+                s.running + s.waiting
+            })
+            .collect()
+    }
+
+    /// Load-endpoint hits of each engine so far.
+    pub fn load_polls(&self) -> Vec<u64> {
+        self.engines.iter().map(EngineHandle::load_polls).collect()
+    }
+
+    /// Replica `i`'s log tail, for failure messages.
+    pub fn log(&self, i: usize) -> String {
+        format!(
+            "--- {} log ---\n{}",
+            self.fleet.name(i),
+            self.fleet.log_tail(i, 20)
+        )
+    }
+}
+
+/// Which engine's accepted count grew between `before` and `after`
+/// (exactly one must have, by exactly one).
+pub fn chosen(before: &[u64], after: &[u64]) -> usize {
+    let grown: Vec<usize> = (0..before.len())
+        .filter(|&i| after[i] != before[i])
+        .collect();
+    assert_eq!(grown.len(), 1, "before {before:?} after {after:?}");
+    assert_eq!(after[grown[0]], before[grown[0]] + 1);
+    grown[0]
+}
