@@ -39,4 +39,4 @@ pub use shoal_proto as proto;
 pub use slot::{FleetLoad, PollStamp, SlotBooking, SlotValues, SnapshotView, WorkerSlot};
 pub use status::{MemberStatus, MeshStatus, ReplicaShare, SnapshotStatus, WorkerStatus};
 pub use tap::FrameTap;
-pub use telemetry::TrafficStatus;
+pub use telemetry::{TrafficStatus, describe_metrics};

@@ -148,6 +148,63 @@ fn percentile(sorted: &[u64], q: f64) -> Option<f64> {
     sorted.get(idx).map(|us| *us as f64 / 1000.0)
 }
 
+/// Registers HELP text and units for every mesh metric with the installed
+/// `metrics` recorder, so Prometheus exposition carries `# HELP` lines.
+/// Call it once after the recorder is installed (the router does).
+pub fn describe_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "shoal_mesh_members",
+        "Live verified mesh members, this replica included."
+    );
+    describe_gauge!(
+        "shoal_mesh_peers_connected",
+        "Peers with an mTLS QUIC load link up."
+    );
+    describe_counter!(
+        "shoal_mesh_frames_sent_total",
+        "Load-plane frames sent to peers."
+    );
+    describe_counter!(
+        "shoal_mesh_frames_received_total",
+        "Load-plane frames received and accepted."
+    );
+    describe_counter!(
+        "shoal_mesh_frames_dropped_total",
+        "Frames, links and datagrams dropped as bad or unauthenticated, by reason."
+    );
+    describe_counter!(
+        "shoal_mesh_bytes_sent_total",
+        Unit::Bytes,
+        "Load-plane frame bytes sent."
+    );
+    describe_counter!(
+        "shoal_mesh_bytes_received_total",
+        Unit::Bytes,
+        "Load-plane frame bytes received."
+    );
+    describe_counter!(
+        "shoal_mesh_gossip_bytes_sent_total",
+        Unit::Bytes,
+        "Gossip (chitchat) bytes sent."
+    );
+    describe_counter!(
+        "shoal_mesh_gossip_bytes_received_total",
+        Unit::Bytes,
+        "Gossip (chitchat) bytes received from valid datagrams."
+    );
+    describe_counter!(
+        "shoal_mesh_link_wire_bytes_total",
+        Unit::Bytes,
+        "UDP bytes of this replica's outbound QUIC load links, QUIC overhead included."
+    );
+    describe_histogram!(
+        "shoal_mesh_convergence_lag_seconds",
+        Unit::Seconds,
+        "From the sender's read of its slots to the merge here (an upper bound on staleness)."
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,11 @@ pub fn install() -> Option<PrometheusHandle> {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .ok()?;
             match builder.install_recorder() {
-                Ok(handle) => Some(handle),
+                Ok(handle) => {
+                    describe();
+                    shoal_mesh::describe_metrics();
+                    Some(handle)
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "metrics recorder not installed");
                     None
@@ -71,6 +75,80 @@ pub fn install() -> Option<PrometheusHandle> {
             }
         })
         .clone()
+}
+
+/// Registers HELP text for every router metric (Prometheus tooling such as
+/// `promtool check metrics` expects it).
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "Finished requests by route and final status."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Whole request duration, streaming included."
+    );
+    describe_histogram!(
+        TIME_TO_FIRST_BYTE,
+        Unit::Seconds,
+        "Time until the worker's response headers."
+    );
+    describe_histogram!(
+        TIME_TO_FIRST_TOKEN,
+        Unit::Seconds,
+        "Time until the first response body chunk (the first token when streaming)."
+    );
+    describe_counter!(
+        RETRIES_TOTAL,
+        "Retries on another worker, by route and reason."
+    );
+    describe_gauge!(
+        WORKER_INFLIGHT_REQUESTS,
+        "Requests this replica has in flight per worker."
+    );
+    describe_gauge!(
+        WORKER_INFLIGHT_TOKENS,
+        "Token-work this replica has in flight per worker."
+    );
+    describe_gauge!(
+        WORKER_HEALTHY,
+        "1 when the worker passes health checks, else 0."
+    );
+    describe_gauge!(
+        WORKER_CIRCUIT_STATE,
+        "Circuit breaker: 0 closed, 1 open, 2 half-open."
+    );
+    describe_counter!(
+        LOAD_POLLS_TOTAL,
+        "Engine load polls by worker, engine and outcome."
+    );
+    describe_counter!(
+        LOAD_POLL_ERRORS_TOTAL,
+        "Failed engine load polls by worker and reason."
+    );
+    describe_gauge!(
+        ENGINE_TOKEN_USAGE,
+        "Last polled engine KV-cache usage, 0..1."
+    );
+    describe_gauge!(
+        ENGINE_WAITING_REQUESTS,
+        "Last polled engine waiting requests."
+    );
+    describe_gauge!(
+        ENGINE_RUNNING_REQUESTS,
+        "Last polled engine running requests."
+    );
+    describe_gauge!(
+        ENGINE_QUEUED_TOKENS,
+        "Last polled engine queued prompt tokens not served from cache."
+    );
+    describe_gauge!(
+        ENGINE_GEN_THROUGHPUT,
+        "Last polled engine generation throughput, tokens per second."
+    );
+    describe_gauge!(WORKERS, "Workers registered and available.");
 }
 
 /// Records a finished request.
