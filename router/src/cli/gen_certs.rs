@@ -47,21 +47,11 @@ pub struct GeneratedFiles {
     pub paths: Vec<PathBuf>,
 }
 
+/// A certificate name: an IP literal, a node name, or a wildcard whose `*`
+/// is the whole first label (one certificate for pods with random names).
 fn valid_node_name(name: &str) -> bool {
-    if name.parse::<std::net::IpAddr>().is_ok() {
-        return true;
-    }
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*')
-        })
+    name.parse::<std::net::IpAddr>().is_ok()
+        || shoal_mesh::identity::valid_node_name(name.strip_prefix("*.").unwrap_or(name))
 }
 
 fn validity(params: &mut CertificateParams, years: u32) {

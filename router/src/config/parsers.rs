@@ -109,16 +109,8 @@ pub fn host_port(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
-/// True for a syntactically valid DNS name (labels of letters, digits and
-/// inner hyphens, at most 63 characters each, 253 in all).
+/// True for a name the mesh accepts as a node name (a DNS name): one rule,
+/// owned by the mesh, for flags, certificates and peers alike.
 pub fn is_dns_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.trim_end_matches('.').split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        })
+    shoal_mesh::identity::valid_node_name(name)
 }
