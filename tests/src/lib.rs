@@ -1,5 +1,6 @@
 //! Shared helpers for Shoal's cross-process tests, mock engine and benchmarks.
 
+pub mod bench;
 pub mod client;
 pub mod fleet;
 pub mod mock;

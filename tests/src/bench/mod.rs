@@ -1,0 +1,152 @@
+//! The fleet benchmark (`fleet-bench`): mock engines in this process, real
+//! `shoal` replicas from the [`Fleet`](crate::fleet::Fleet) harness, and an
+//! open-loop Poisson load generator spreading requests round robin over the
+//! replicas. One [`run_scenario`] call measures one (policy, replicas,
+//! mesh) combination on fresh engines and fresh replicas.
+//!
+//! Time: the engines run `time_scale` times faster than real time, and the
+//! router's load-poll and mesh-sync intervals are divided by the same
+//! factor, so in model time every scenario sees the router's default
+//! staleness (1 s polls, 20 ms mesh pushes) while a run takes
+//! `1 / time_scale` of the wall time. Latencies are reported in wall ms.
+
+pub mod driver;
+pub mod plot;
+pub mod report;
+pub mod workload;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+
+use crate::client::HttpClient;
+use crate::fleet::{Fleet, FleetConfig};
+use crate::mock::{EngineConfig, EngineHandle, spawn_engines};
+use driver::{LoadOptions, run_load};
+use report::{ScenarioId, ScenarioResult, engine_stats, mesh_traffic, summarize};
+use workload::Schedule;
+
+/// One scenario: which policy, how many replicas, mesh or not.
+#[derive(Debug, Clone)]
+pub struct ScenarioSpec {
+    /// Routing policy (`--policy`).
+    pub policy: String,
+    /// `oracle`, `no-mesh` or `mesh`.
+    pub label: String,
+    /// Replicas.
+    pub replicas: usize,
+    /// Mesh on.
+    pub mesh: bool,
+}
+
+/// What every scenario of a run shares.
+#[derive(Debug, Clone)]
+pub struct BenchSetup {
+    /// The `shoal` binary.
+    pub shoal_bin: PathBuf,
+    /// Engine parameters (time scale included).
+    pub engine: EngineConfig,
+    /// Number of engines.
+    pub engines: usize,
+    /// Load-poll interval in model ms (divided by the time scale for shoal).
+    pub poll_interval_model_ms: f64,
+    /// Mesh-sync interval in model ms (divided by the time scale for shoal).
+    pub mesh_sync_model_ms: f64,
+    /// Extra flags for every replica.
+    pub extra_args: Vec<String>,
+    /// Load-generator knobs.
+    pub load: LoadOptions,
+}
+
+impl BenchSetup {
+    /// Wall milliseconds of `model_ms`, at least 1.
+    pub fn wall_ms(&self, model_ms: f64) -> u64 {
+        (model_ms / self.engine.time_scale).round().max(1.0) as u64
+    }
+
+    /// The flags given to every replica of `spec`.
+    pub fn replica_args(&self, spec: &ScenarioSpec) -> Vec<String> {
+        let poll = self.wall_ms(self.poll_interval_model_ms);
+        let mut args: Vec<String> = vec![
+            "--policy".into(),
+            spec.policy.clone(),
+            "--load-poll-interval-ms".into(),
+            poll.to_string(),
+            "--load-stale-after-ms".into(),
+            (3 * poll).to_string(),
+        ];
+        if spec.mesh {
+            args.extend([
+                "--mesh-sync-interval-ms".into(),
+                self.wall_ms(self.mesh_sync_model_ms).to_string(),
+            ]);
+        }
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+}
+
+/// Runs one scenario on fresh engines and replicas; `Err` only when the
+/// setup fails (request failures are counted in the result).
+pub async fn run_scenario(
+    setup: &BenchSetup,
+    spec: &ScenarioSpec,
+    schedule: &Schedule,
+    progress: &ProgressBar,
+) -> Result<ScenarioResult, String> {
+    let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let engines = spawn_engines(&setup.engine, localhost, 0, setup.engines)
+        .await
+        .map_err(|e| format!("cannot start mock engines: {e}"))?;
+    let urls: Vec<String> = engines.iter().map(EngineHandle::url).collect();
+    let cfg = FleetConfig::new(setup.shoal_bin.clone(), spec.replicas, urls.clone())
+        .mesh(spec.mesh)
+        .args(setup.replica_args(spec));
+    let fleet = Fleet::start(cfg).await.map_err(|e| e.0)?;
+    if spec.mesh {
+        fleet
+            .wait_meshed(Duration::from_secs(30))
+            .await
+            .map_err(|e| e.0)?;
+    }
+    // Let every replica (or poll owner) read every engine at least once.
+    let poll = Duration::from_millis(setup.wall_ms(setup.poll_interval_model_ms));
+    tokio::time::sleep(2 * poll + Duration::from_millis(300)).await;
+    let replicas: Vec<String> = (0..fleet.len()).map(|i| fleet.url(i)).collect();
+    let before = if spec.mesh {
+        mesh_traffic(&fleet).await
+    } else {
+        None
+    };
+    let started = Instant::now();
+    let handles = engines.iter().map(|e| e.engine().clone()).collect();
+    let load = run_load(schedule, &replicas, handles, &setup.load, progress).await;
+    let secs = started.elapsed().as_secs_f64();
+    let after = if spec.mesh {
+        mesh_traffic(&fleet).await
+    } else {
+        None
+    };
+    let traffic = before.zip(after).map(|(b, a)| {
+        let mut d = a;
+        d.bytes_sent = a.bytes_sent.saturating_sub(b.bytes_sent);
+        d.gossip_bytes_sent = a.gossip_bytes_sent.saturating_sub(b.gossip_bytes_sent);
+        d.link_wire_bytes = a.link_wire_bytes.saturating_sub(b.link_wire_bytes);
+        (d, secs)
+    });
+    let stats = engine_stats(&HttpClient::new(), &urls).await;
+    drop(fleet);
+    for e in engines {
+        e.shutdown().await;
+    }
+    let id = ScenarioId {
+        policy: spec.policy.clone(),
+        label: spec.label.clone(),
+        workload: schedule.kind.as_str().to_string(),
+        replicas: spec.replicas,
+        mesh: spec.mesh,
+    };
+    Ok(summarize(id, schedule.rate, load, stats, traffic))
+}

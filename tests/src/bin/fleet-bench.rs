@@ -1,0 +1,277 @@
+//! `fleet-bench`: one router with all the information (the oracle) vs R
+//! replicas without the mesh vs R meshed replicas, for `least_load`
+//! (size-skewed traffic) and `cache_aware` (shared-prefix traffic), on the
+//! same seeded Poisson arrivals. Prints a markdown table, writes JSON and a
+//! PNG. See tests/BENCHMARKS.md.
+//!
+//! ```sh
+//! cargo build --release -p shoal -p shoal-tests
+//! target/release/fleet-bench            # full: R = 4, E = 8
+//! target/release/fleet-bench --quick    # CI smoke test, < 3 min
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use shoal_tests::bench::driver::LoadOptions;
+use shoal_tests::bench::report::{ScenarioResult, markdown_table};
+use shoal_tests::bench::workload::{Schedule, WorkloadKind, engine_capacity, mean_sizes};
+use shoal_tests::bench::{BenchSetup, ScenarioSpec, plot, run_scenario};
+use shoal_tests::fleet::locate_shoal;
+use shoal_tests::mock::{EngineConfig, Flavor};
+
+/// Fleet benchmark: oracle vs replicas without the mesh vs meshed replicas.
+#[derive(Debug, Parser)]
+#[command(name = "fleet-bench", version)]
+struct Cli {
+    /// CI smoke test: 2 replicas, 4 engines, short runs; exits 1 unless
+    /// every scenario completed requests without errors.
+    #[arg(long)]
+    quick: bool,
+    /// Replicas in the multi-replica scenarios [default: 4, quick 2].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(2..=16))]
+    replicas: Option<u16>,
+    /// Mock engines [default: 8, quick 4].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
+    engines: Option<u16>,
+    /// Arrival window per scenario, wall seconds [default: 60, quick 12].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(5..=600))]
+    duration_secs: Option<u64>,
+    /// Engine time scale (model seconds per wall second) [default: 2, quick 4].
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Offered load as a fraction of the calibrated fleet capacity.
+    #[arg(long, default_value_t = 0.85)]
+    load: f64,
+    /// RNG seed of the arrival and size sequence (same for every scenario).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Policies to compare (comma separated): least_load, cache_aware.
+    #[arg(long, value_delimiter = ',', default_value = "least_load,cache_aware")]
+    policies: Vec<String>,
+    /// Router load-poll interval in model ms (the router's default is 1000).
+    #[arg(long, default_value_t = 1000.0)]
+    poll_interval_ms: f64,
+    /// Mesh sync interval in model ms (the router's default is 20).
+    #[arg(long, default_value_t = 20.0)]
+    mesh_sync_ms: f64,
+    /// Output tokens per SSE event after the first (CPU of the box).
+    #[arg(long, default_value_t = 16)]
+    tokens_per_chunk: u32,
+    /// Requests per scenario at most.
+    #[arg(long, default_value_t = 20_000)]
+    max_requests: usize,
+    /// Directory for fleet-bench.json and fleet-bench.png.
+    #[arg(long, default_value = "target/fleet-bench")]
+    out: PathBuf,
+    /// TrueType font for the PNG [default: DejaVu Sans].
+    #[arg(long, value_name = "FILE")]
+    font: Option<PathBuf>,
+    /// The shoal binary [default: `shoal` next to this program].
+    #[arg(long, value_name = "PATH")]
+    shoal_bin: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("fleet-bench: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn workload_for(policy: &str) -> WorkloadKind {
+    if policy == "cache_aware" {
+        WorkloadKind::SharedPrefix
+    } else {
+        WorkloadKind::SizeSkewed
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, String> {
+    let replicas = usize::from(cli.replicas.unwrap_or(if cli.quick { 2 } else { 4 }));
+    let engines = usize::from(cli.engines.unwrap_or(if cli.quick { 4 } else { 8 }));
+    let duration =
+        Duration::from_secs(cli.duration_secs.unwrap_or(if cli.quick { 12 } else { 60 }));
+    let time_scale = cli.time_scale.unwrap_or(if cli.quick { 4.0 } else { 2.0 });
+    if !(time_scale.is_finite() && (0.1..=50.0).contains(&time_scale)) {
+        return Err(format!(
+            "--time-scale must be in 0.1..=50 (got {time_scale})"
+        ));
+    }
+    if !(0.05..=2.0).contains(&cli.load) {
+        return Err(format!("--load must be in 0.05..=2 (got {})", cli.load));
+    }
+    for p in &cli.policies {
+        if !["least_load", "cache_aware"].contains(&p.as_str()) {
+            return Err(format!("unknown policy {p:?} (least_load, cache_aware)"));
+        }
+    }
+    let shoal_bin = locate_shoal(cli.shoal_bin.as_deref()).map_err(|e| e.0)?;
+    let engine = EngineConfig {
+        flavor: Flavor::Sglang,
+        time_scale,
+        tokens_per_chunk: cli.tokens_per_chunk.max(1),
+        stats_capacity: 100_000,
+        ..EngineConfig::default()
+    };
+    engine.validate().map_err(|e| e.0)?;
+    let setup = BenchSetup {
+        shoal_bin,
+        engine: engine.clone(),
+        engines,
+        poll_interval_model_ms: cli.poll_interval_ms.max(1.0),
+        mesh_sync_model_ms: cli.mesh_sync_ms.max(1.0),
+        extra_args: vec!["--request-timeout-secs".into(), "120".into()],
+        load: LoadOptions {
+            request_timeout: Duration::from_secs(90),
+            drain_timeout: Duration::from_secs(if cli.quick { 20 } else { 45 }),
+            max_inflight: 4_000,
+            sample_every: Duration::from_millis(100),
+            kv_high: 0.95,
+        },
+    };
+    let mut calibration = Vec::new();
+    let mut plan: Vec<(ScenarioSpec, Schedule)> = Vec::new();
+    for policy in &cli.policies {
+        let kind = workload_for(policy);
+        let (p, u, o) = mean_sizes(kind);
+        let per_engine = engine_capacity(&engine, p, u, o, 0.9);
+        let capacity = per_engine * engines as f64 * time_scale;
+        let rate = cli.load * capacity;
+        eprintln!(
+            "{policy}: {} workload, mean prompt {p:.0} (uncached {u:.0}) / output {o:.0} tokens; \
+             capacity {per_engine:.2} req/s per engine (model time) = {capacity:.1} req/s fleet \
+             (wall, x{time_scale}); offering {rate:.1} req/s",
+            kind.as_str()
+        );
+        calibration.push(json!({"policy": policy, "workload": kind.as_str(),
+            "mean_prompt_tokens": p, "mean_uncached_tokens": u, "mean_output_tokens": o,
+            "engine_capacity_model_rps": per_engine, "fleet_capacity_wall_rps": capacity,
+            "offered_rps": rate}));
+        let schedule =
+            Schedule::generate(kind, rate, duration, cli.max_requests, engines, cli.seed);
+        for (label, n, mesh) in [
+            ("oracle", 1, false),
+            ("no-mesh", replicas, false),
+            ("mesh", replicas, true),
+        ] {
+            let spec = ScenarioSpec {
+                policy: policy.clone(),
+                label: label.into(),
+                replicas: n,
+                mesh,
+            };
+            plan.push((spec, schedule.clone()));
+        }
+    }
+    let total: u64 = plan.iter().map(|(_, s)| s.arrivals.len() as u64).sum();
+    let pb = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} requests  {msg}")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    let wall = Instant::now();
+    let mut results: Vec<ScenarioResult> = Vec::new();
+    for (spec, schedule) in &plan {
+        pb.set_message(format!(
+            "{}/{} (R={}, {} requests)",
+            spec.policy,
+            spec.label,
+            spec.replicas,
+            schedule.arrivals.len()
+        ));
+        let r = run_scenario(&setup, spec, schedule, &pb).await?;
+        let line = format!(
+            "  {}: {} done, {} errors, TTFT p99 {:.0} ms, queue p99 {:.0} ms",
+            r.name,
+            r.completed,
+            r.errors + r.timeouts + r.dropped,
+            r.ttft_p99_ms,
+            r.queue_p99_ms
+        );
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+        results.push(r);
+    }
+    pb.finish_and_clear();
+    let took = wall.elapsed().as_secs_f64();
+    let title = format!(
+        "Shoal fleet-bench: R={replicas}, E={engines}, time scale {time_scale}, load {:.0}% of capacity, seed {} ({} cores, shared)",
+        100.0 * cli.load,
+        cli.seed,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("{title}\n");
+    print!("{}", markdown_table(&results));
+    println!(
+        "\nLatencies in wall ms (x{time_scale} for model time); load polls every {} ms, mesh sync {} ms (wall). Took {took:.0} s.",
+        setup.wall_ms(setup.poll_interval_model_ms),
+        setup.wall_ms(setup.mesh_sync_model_ms)
+    );
+    std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
+    let json_path = cli.out.join("fleet-bench.json");
+    let doc = json!({
+        "title": title, "replicas": replicas, "engines": engines, "time_scale": time_scale,
+        "load": cli.load, "seed": cli.seed, "duration_secs": duration.as_secs(),
+        "poll_interval_wall_ms": setup.wall_ms(setup.poll_interval_model_ms),
+        "mesh_sync_wall_ms": setup.wall_ms(setup.mesh_sync_model_ms),
+        "calibration": calibration, "wall_secs": took, "scenarios": results,
+    });
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    println!("JSON: {}", json_path.display());
+    let png = cli.out.join("fleet-bench.png");
+    match plot::register_font(cli.font.as_deref()).and_then(|()| plot::draw(&png, &title, &results))
+    {
+        Ok(()) => println!("PNG:  {}", png.display()),
+        Err(e) => eprintln!("fleet-bench: no PNG: {e}"),
+    }
+    print_goals(&results);
+    let bad: Vec<&str> = results
+        .iter()
+        .filter(|r| r.completed == 0 || r.errors + r.timeouts + r.dropped > 0)
+        .map(|r| r.name.as_str())
+        .collect();
+    if bad.is_empty() {
+        println!("sanity: ok (every scenario completed requests, no errors)");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("sanity: FAILED for {bad:?}");
+        for r in &results {
+            for e in &r.error_samples {
+                println!("  {}: {e}", r.name);
+            }
+        }
+        Ok(if cli.quick {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+fn print_goals(results: &[ScenarioResult]) {
+    for policy in ["least_load", "cache_aware"] {
+        let get = |l: &str| results.iter().find(|r| r.policy == policy && r.label == l);
+        if let (Some(o), Some(n), Some(m)) = (get("oracle"), get("no-mesh"), get("mesh")) {
+            let (rm, rn) = (m.ttft_p99_ms / o.ttft_p99_ms, n.ttft_p99_ms / o.ttft_p99_ms);
+            println!(
+                "goal {policy}: mesh p99 TTFT = {rm:.2} x oracle (goal <= 1.10: {}); no-mesh = {rn:.2} x (goal >= 1.5: {})",
+                if rm <= 1.10 { "met" } else { "NOT met" },
+                if rn >= 1.5 { "met" } else { "NOT met" }
+            );
+        }
+    }
+}
