@@ -89,9 +89,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
+    let sync_ms: u64 = std::env::var("SYNC_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let ca = Ca::new("bench-ca");
-    // Production timings (gossip 200 ms, anti-entropy 5 s), 20 ms sync.
+    // Production timings (gossip 200 ms, anti-entropy 5 s), SYNC_MS sync (20 ms default).
     let nodes = cluster(&ca, 3, |c| {
+        c.sync_interval = Duration::from_millis(sync_ms);
         c.anti_entropy_interval = Duration::from_secs(5);
         c.failure_detector = shoal_mesh::FailureDetectorSettings::default();
         c.link_idle_timeout = Duration::from_secs(3);
@@ -169,7 +174,7 @@ fn main() {
     let mut all: Vec<f64> = book_lag.iter().chain(&release_lag).copied().collect();
     all.sort_by(f64::total_cmp);
     println!(
-        "mesh convergence benchmark: 3 nodes, {WORKERS} workers, {rate} req/s per node, sync 20 ms, {secs:.1} s"
+        "mesh convergence benchmark: 3 nodes, {WORKERS} workers, {rate} req/s per node, sync {sync_ms} ms, {secs:.1} s"
     );
     println!(
         "  booking visible at B: p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms  (n={})",
