@@ -83,6 +83,7 @@ impl Server {
             metrics: telemetry::install(),
             mesh,
             draining: AtomicBool::new(false),
+            admission: crate::admission::Admission::from_config(&config),
             config: Arc::new(config),
         };
         Ok(Self {

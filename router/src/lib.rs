@@ -4,6 +4,7 @@
 //! [`app::Server`]; everything else lives here so integration tests can run
 //! a real replica on an ephemeral port.
 
+pub mod admission;
 pub mod app;
 pub mod cli;
 pub mod config;

@@ -46,6 +46,8 @@ pub const ENGINE_GEN_THROUGHPUT: &str = "shoal_engine_gen_throughput";
 pub const ENGINE_QUEUED_TOKENS: &str = "shoal_engine_queued_tokens";
 /// Workers registered / available.
 pub const WORKERS: &str = "shoal_workers";
+/// Inference requests refused by overload admission, by reason.
+pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -149,6 +151,15 @@ fn describe() {
         "Last polled engine generation throughput, tokens per second."
     );
     describe_gauge!(WORKERS, "Workers registered and available.");
+    describe_counter!(
+        ADMISSION_REJECTED_TOTAL,
+        "Inference requests refused by overload admission (--max-concurrent-requests): queue_full (429), queue_timeout (503) or fleet_saturated (503, --worker-max-inflight)."
+    );
+}
+
+/// Records one request refused by overload admission.
+pub fn admission_rejected(reason: &'static str) {
+    counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(1);
 }
 
 /// Records a finished request.

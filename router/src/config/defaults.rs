@@ -55,6 +55,19 @@ pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
 /// Deadline for opening a TCP connection to a worker.
 pub const CONNECT_TIMEOUT_MS: u64 = 3000;
 
+/// Inference requests proxied at once per replica; 0 = no limit (the router
+/// cannot know what its engines hold, so admission is opt-in).
+pub const MAX_CONCURRENT_REQUESTS: usize = 0;
+/// Requests that may wait for a slot once the limit is reached (SGLang
+/// gateway default); beyond it, 429.
+pub const QUEUE_SIZE: usize = 100;
+/// Seconds a queued request waits for a slot before 503 (SGLang gateway
+/// default).
+pub const QUEUE_TIMEOUT_SECS: u64 = 60;
+/// Fleet-wide in-flight requests per worker above which a request is shed
+/// with 503 when every worker is there; 0 = off.
+pub const WORKER_MAX_INFLIGHT: u64 = 0;
+
 /// Attempts after the first one, each on a freshly selected worker.
 pub const RETRY_MAX_RETRIES: u32 = 5;
 /// Backoff before the first retry.

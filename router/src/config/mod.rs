@@ -157,6 +157,26 @@ pub struct Config {
     #[arg(long, env = "SHOAL_CONNECT_TIMEOUT_MS", default_value_t = defaults::CONNECT_TIMEOUT_MS, value_parser = parsers::positive_u64)]
     pub connect_timeout_ms: u64,
 
+    /// Inference requests this replica proxies at once (streams count until
+    /// they end); more wait in a queue. 0 = no limit.
+    #[arg(long, env = "SHOAL_MAX_CONCURRENT_REQUESTS", default_value_t = defaults::MAX_CONCURRENT_REQUESTS)]
+    pub max_concurrent_requests: usize,
+
+    /// Requests that may wait for a slot once --max-concurrent-requests is
+    /// reached; when the queue is full the answer is 429 with Retry-After.
+    #[arg(long, env = "SHOAL_QUEUE_SIZE", default_value_t = defaults::QUEUE_SIZE)]
+    pub queue_size: usize,
+
+    /// Seconds a queued request waits for a slot before 503 with Retry-After.
+    #[arg(long, env = "SHOAL_QUEUE_TIMEOUT_SECS", default_value_t = defaults::QUEUE_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
+    pub queue_timeout_secs: u64,
+
+    /// Shed a request with 503 and Retry-After when every available worker
+    /// already has this many requests in flight across the fleet (the mesh's
+    /// view when meshed). 0 = off.
+    #[arg(long, env = "SHOAL_WORKER_MAX_INFLIGHT", default_value_t = defaults::WORKER_MAX_INFLIGHT)]
+    pub worker_max_inflight: u64,
+
     /// Retries after the first attempt, each on a re-selected worker.
     #[arg(long, env = "SHOAL_RETRY_MAX_RETRIES", default_value_t = defaults::RETRY_MAX_RETRIES)]
     pub retry_max_retries: u32,

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Limited};
 
 use super::errors::ApiError;
 use super::state::AppState;
+use crate::admission::{self, AdmittedBody};
 use crate::request::{self, Route};
 use crate::{proxy, telemetry};
 
@@ -32,9 +33,35 @@ async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<By
     }
 }
 
+/// Counts a request refused by overload admission and returns its answer.
+fn refused(route: Route, started: Instant, reason: &'static str, response: Response) -> Response {
+    telemetry::admission_rejected(reason);
+    telemetry::request_done(
+        route.label(),
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
 /// Handles one inference request on `route`.
 pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
     let started = Instant::now();
+    let permit = match app.admission.admit().await {
+        Ok(permit) => permit,
+        Err(rejection) => {
+            let response = app.admission.response(rejection);
+            return refused(route, started, rejection.label(), response);
+        }
+    };
+    let cap = app.config.worker_max_inflight;
+    if cap > 0
+        && let Some(error) =
+            admission::fleet_saturated(cap, &app.registry.all(), app.fleet.as_ref())
+    {
+        let response = admission::reject_response(error);
+        return refused(route, started, "fleet_saturated", response);
+    }
     let (parts, body) = request.into_parts();
     let declared = parts
         .headers
@@ -64,7 +91,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or(route.path());
-    proxy::forward(
+    let response = proxy::forward(
         &app,
         route,
         &parts.headers,
@@ -73,5 +100,9 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         &info,
         started,
     )
-    .await
+    .await;
+    match permit {
+        Some(permit) => AdmittedBody::wrap(response, permit),
+        None => response,
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use shoal_mesh::Mesh;
 
+use crate::admission::Admission;
 use crate::config::Config;
 use crate::fleet::FleetView;
 use crate::policy::Policy;
@@ -37,6 +38,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The mesh, when this replica shares load with peers.
     pub mesh: Option<Arc<Mesh>>,
+    /// Overload admission (`--max-concurrent-requests`).
+    pub admission: Admission,
     /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
     pub draining: AtomicBool,
 }
