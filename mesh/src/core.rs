@@ -144,12 +144,14 @@ impl Core {
     /// Re-derives which peers count after gossip, links or byes changed;
     /// republishes every view if the set moved.
     pub(crate) fn refresh_membership(&self, book: &mut Book) {
+        // Only authenticated facts decide who counts: a verified load link
+        // (its certificate names the peer, its Hello gives the generation)
+        // and an authenticated Bye. Gossip is unauthenticated, so a forged
+        // "newer incarnation" or a forged `left` must not un-count a peer;
+        // a restarted peer supersedes its old incarnation once its new link
+        // verifies, and a dead one stops counting when its link times out.
         let mut newest: HashMap<&str, u64> = HashMap::new();
-        let candidates = book
-            .links
-            .keys()
-            .chain(book.gossip.iter().filter(|(_, g)| g.live).map(|(i, _)| i));
-        for inc in candidates {
+        for inc in book.links.keys() {
             let newest_gen = newest.entry(&inc.name).or_insert(0);
             *newest_gen = (*newest_gen).max(inc.generation);
         }
@@ -157,11 +159,8 @@ impl Core {
             .links
             .keys()
             .filter(|inc| {
-                let gossip = book.gossip.get(*inc);
                 inc.name != self.me.name
                     && !book.left.contains(*inc)
-                    && gossip
-                        .is_some_and(|g| g.live && g.readiness.as_deref() != Some(READINESS_LEFT))
                     && newest.get(&*inc.name) == Some(&inc.generation)
             })
             .cloned()

@@ -7,10 +7,12 @@
 //! and published per worker, so the router reads fleet-wide load through a
 //! [`WorkerSlot`] without locks or allocation.
 //!
-//! Trust: chitchat is unauthenticated, so it is only a hint. A peer's load
-//! counts only while its QUIC link is up, its certificate chains to the
-//! cluster CA and names the node its frames claim, and gossip lists that
-//! incarnation as alive (the newest generation of its name).
+//! Trust: chitchat is unauthenticated, so it is only a hint (whom to dial,
+//! and when to give up on a peer gossip says is dead). A peer's load counts
+//! only while its QUIC link is up, its certificate chains to the cluster CA
+//! and names the node its Hello claims, it has not said an authenticated
+//! `Bye`, and no newer generation of its name has a verified link. Forged
+//! gossip — a fake newer incarnation, a fake `left` — un-counts nobody.
 //!
 //! This crate knows nothing of HTTP or routing policies.
 

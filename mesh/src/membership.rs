@@ -14,7 +14,7 @@ use chitchat::{ChitchatHandle, ChitchatId};
 use quinn::Endpoint;
 use tokio::task::JoinHandle;
 
-use crate::core::{Core, GossipInfo, READINESS_LEFT};
+use crate::core::{Core, GossipInfo};
 use crate::identity::Incarnation;
 use crate::push::LinkTimings;
 use crate::session;
@@ -80,32 +80,22 @@ async fn read_gossip(handle: &ChitchatHandle, me: &ChitchatId) -> HashMap<Incarn
         .await
 }
 
-/// The peers to dial: live, not left, newest generation per name, and
-/// ordered after us (the other half of the pairs dial us).
+/// The peers to dial: every live incarnation, ordered after us (the other
+/// half of the pairs dial us). Not just the newest generation per name, and
+/// not filtered by a gossiped `left`: gossip is unauthenticated, so a forged
+/// newer incarnation or a forged `left` must not make us drop the real
+/// member's link. A peer that really left said so with an authenticated
+/// `Bye`; a dead or superseded incarnation drops out of gossip's live set.
 fn wanted(
     core: &Core,
     gossip: &HashMap<Incarnation, GossipInfo>,
 ) -> HashMap<Incarnation, SocketAddr> {
-    let mut newest: HashMap<&str, (&Incarnation, SocketAddr)> = HashMap::new();
-    for (inc, info) in gossip {
-        if !info.live
-            || info.readiness.as_deref() == Some(READINESS_LEFT)
-            || inc.name == core.me.name
-        {
-            continue;
-        }
-        let Some(addr) = info.quic_addr else { continue };
-        match newest.get(&*inc.name) {
-            Some((cur, _)) if cur.generation >= inc.generation => {}
-            _ => {
-                newest.insert(&inc.name, (inc, addr));
-            }
-        }
-    }
-    newest
-        .into_values()
-        .filter(|(i, _)| session::dials(&core.me, i))
-        .map(|(i, a)| (i.clone(), a))
+    gossip
+        .iter()
+        .filter(|(inc, info)| {
+            info.live && inc.name != core.me.name && session::dials(&core.me, inc)
+        })
+        .filter_map(|(inc, info)| info.quic_addr.map(|addr| (inc.clone(), addr)))
         .collect()
 }
 
@@ -149,11 +139,18 @@ pub(crate) async fn run(
             .filter(|(inc, task)| !want.contains_key(*inc) || task.is_finished())
             .map(|(inc, _)| inc.clone())
             .collect();
-        for inc in gone {
-            if let Some(task) = dialers.links.remove(&inc) {
-                // The peer is gone or superseded: drop the session now.
-                task.abort();
+        if !gone.is_empty() {
+            let mut book = core.book();
+            for inc in &gone {
+                if let Some(task) = dialers.links.remove(inc) {
+                    // Gossip says the peer is gone: drop the session now. An
+                    // aborted session cannot clean up after itself, so its
+                    // link entry goes here.
+                    task.abort();
+                    book.links.remove(inc);
+                }
             }
+            core.refresh_membership(&mut book);
         }
         for (inc, addr) in want {
             if dialers.links.contains_key(&inc) {

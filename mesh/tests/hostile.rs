@@ -428,15 +428,11 @@ fn forged_incarnation(readiness: &str) {
 }
 
 #[test]
-#[ignore = "finding (issue 9): a forged newer incarnation in gossip supersedes the real member's \
-            verified link (membership::run aborts it), so its load stops counting; run with \
-            --ignored to reproduce"]
 fn forged_newer_serving_incarnation_of_a_member_changes_no_routing() {
     forged_incarnation("serving");
 }
 
 #[test]
-#[ignore = "finding (issue 9): see above, with the forged incarnation claiming `left`"]
 fn forged_newer_left_incarnation_of_a_member_changes_no_routing() {
     forged_incarnation("left");
 }
