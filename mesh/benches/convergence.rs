@@ -72,7 +72,7 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 
 fn wait_visible(slot: &WorkerSlot, want: u64, t0: Instant) -> Option<f64> {
     while t0.elapsed() < Duration::from_secs(2) {
-        if slot.fleet().inflight_requests == want {
+        if slot.fleet().counts.requests == want {
             return Some(t0.elapsed().as_secs_f64() * 1000.0);
         }
         std::thread::sleep(Duration::from_micros(100));

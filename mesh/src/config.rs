@@ -2,9 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+#[cfg(feature = "testsuite")]
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 
 /// PEM text, given inline or read from a file at start.
@@ -64,7 +66,9 @@ impl Default for FailureDetectorSettings {
             sampling_window: 1000,
             max_interval: Duration::from_secs(5),
             initial_interval: Duration::from_secs(1),
-            dead_node_grace_period: Duration::from_secs(3600),
+            // Matches `MeshConfig::forget_after`: departed members leave
+            // gossip's view when their state leaves the fleet view.
+            dead_node_grace_period: Duration::from_secs(600),
         }
     }
 }
@@ -105,10 +109,13 @@ pub struct MeshConfig {
     pub link_keepalive: Duration,
     /// How often DNS seeds are re-resolved and re-contacted. Default 30 s.
     pub seed_refresh_interval: Duration,
-    /// How long the slots of a dead incarnation are kept before they are
-    /// folded into the per-worker retired total. Default 10 min.
-    pub forget_dead_after: Duration,
+    /// How long what left the fleet is kept before it is forgotten: a dead
+    /// incarnation's entries, a worker key nobody uses, an entry its sender
+    /// stopped refreshing. Must exceed the anti-entropy interval (full
+    /// syncs refresh live entries). Default 10 min.
+    pub forget_after: Duration,
     /// Test hook: sees every received update before it is merged.
+    #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
 }
 
@@ -124,7 +131,6 @@ impl std::fmt::Debug for MeshConfig {
             .field("sync_interval", &self.sync_interval)
             .field("anti_entropy_interval", &self.anti_entropy_interval)
             .field("failure_detector", &self.failure_detector)
-            .field("tap", &self.tap.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -154,7 +160,8 @@ impl MeshConfig {
             link_idle_timeout: Duration::from_secs(3),
             link_keepalive: Duration::from_millis(500),
             seed_refresh_interval: Duration::from_secs(30),
-            forget_dead_after: Duration::from_secs(600),
+            forget_after: Duration::from_secs(600),
+            #[cfg(feature = "testsuite")]
             tap: None,
         }
     }
@@ -182,6 +189,12 @@ impl MeshConfig {
             if value.is_zero() {
                 return Err(format!("{name} must be greater than zero"));
             }
+        }
+        if self.forget_after <= self.anti_entropy_interval * 2 {
+            return Err(
+                "forget_after must exceed two anti_entropy_intervals (full syncs keep live entries)"
+                    .into(),
+            );
         }
         if self.link_keepalive >= self.link_idle_timeout {
             return Err("link_keepalive must be shorter than link_idle_timeout".into());

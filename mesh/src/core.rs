@@ -2,6 +2,10 @@
 //! what membership and the load links say about each peer. Background tasks
 //! update it; the router's hot path never locks it (it reads the per-worker
 //! views this module publishes).
+//!
+//! Where a peer's frame becomes state: [`Core::apply_update`] (called by
+//! `session::receive` for every decoded update) turns each entry into one
+//! [`FleetState`] call and republishes the views of the workers it touched.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -11,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use shoal_proto::frames::{MAX_KEY_BYTES, Update};
+use shoal_proto::{EngineKind, EngineLoad};
 
 use crate::identity::{Incarnation, unix_micros};
 use crate::registry::Registry;
-use crate::slot::{RemoteView, SnapshotView};
-use crate::state::{FleetState, Inflight, SnapshotValue};
+use crate::slot::{PollStamp, RemoteView, SnapshotView, WorkerEntry};
+use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
+#[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
 
@@ -40,8 +46,10 @@ pub(crate) struct LinkInfo {
 }
 
 /// Mutable bookkeeping, behind one mutex used only by background tasks.
+/// Every map is bounded by the live fleet: what leaves is forgotten after
+/// [`Core::forget_after`] (see `housekeeping`).
 #[derive(Debug, Default)]
-pub(crate) struct Book {
+pub(crate) struct Tables {
     pub(crate) state: FleetState,
     pub(crate) gossip: HashMap<Incarnation, GossipInfo>,
     pub(crate) heartbeat_seen: HashMap<Incarnation, Instant>,
@@ -52,6 +60,8 @@ pub(crate) struct Book {
     pub(crate) counted: HashSet<Incarnation>,
     /// Last snapshot poll time this node published, per worker.
     pub(crate) own_polled_at: HashMap<Arc<str>, u64>,
+    /// Worker keys nobody uses, with since when.
+    pub(crate) idle_keys: HashMap<Arc<str>, Instant>,
 }
 
 /// Readiness values published in gossip.
@@ -61,14 +71,17 @@ pub(crate) struct Core {
     pub(crate) me: Incarnation,
     pub(crate) cluster_id: String,
     pub(crate) registry: Registry,
-    pub(crate) book: Mutex<Book>,
-    /// Names of live verified members plus self, sorted: ownership input.
-    pub(crate) owners: ArcSwap<Vec<Arc<str>>>,
+    pub(crate) tables: Mutex<Tables>,
+    /// Names of live verified members plus self, sorted.
+    pub(crate) members: ArcSwap<Vec<Arc<str>>>,
     pub(crate) telemetry: Telemetry,
     /// Round counter of this incarnation's updates (strictly increasing).
     pub(crate) round: AtomicU64,
+    #[cfg(feature = "testsuite")]
     pub(crate) tap: Option<Arc<dyn FrameTap>>,
-    pub(crate) forget_dead_after: Duration,
+    /// How long a dead incarnation, an unused worker key or an entry its
+    /// sender stopped refreshing is kept before it is forgotten.
+    pub(crate) forget_after: Duration,
     /// Flipped once on graceful shutdown: every session says `Bye`.
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
 }
@@ -82,68 +95,71 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    pub(crate) fn new(
-        me: Incarnation,
-        cluster_id: String,
-        tap: Option<Arc<dyn FrameTap>>,
-        forget_dead_after: Duration,
-    ) -> Self {
-        let owners = vec![me.name.clone()];
+    pub(crate) fn new(me: Incarnation, cluster_id: String, forget_after: Duration) -> Self {
+        let members = vec![me.name.clone()];
         Self {
             me,
             cluster_id,
             registry: Registry::default(),
-            book: Mutex::new(Book::default()),
-            owners: ArcSwap::from_pointee(owners),
+            tables: Mutex::new(Tables::default()),
+            members: ArcSwap::from_pointee(members),
             telemetry: Telemetry::default(),
             round: AtomicU64::new(0),
-            tap,
-            forget_dead_after,
+            #[cfg(feature = "testsuite")]
+            tap: None,
+            forget_after,
             shutdown: tokio::sync::watch::Sender::new(false),
         }
     }
 
-    pub(crate) fn book(&self) -> MutexGuard<'_, Book> {
-        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Recomputes the remote view of `key` and publishes it to its entry.
-    fn publish_view(&self, book: &Book, key: &Arc<str>) {
-        let Some(entry) = self.registry.get_or_create(key, true) else {
-            return;
-        };
-        let inflight = book.state.inflight(key, &book.counted);
-        let snapshot = book
+    /// Recomputes what the counted peers contribute to `entry` and
+    /// publishes it (the router reads it without locks).
+    pub(crate) fn publish_view(&self, tables: &Tables, entry: &WorkerEntry) {
+        let snapshot = tables.state.snapshot(&entry.key).map(|s| SnapshotView {
+            source: s.value.source,
+            load: s.value.load,
+            polled_at_unix_ms: s.polled_at_ms,
+            taken_at: s.taken_at,
+        });
+        let current = entry.remote.load();
+        let pollers = if tables
             .state
-            .snapshot(key)
-            .map(|(value, marker, learned_at)| SnapshotView {
-                source: value.source,
-                load: value.load,
-                polled_at_unix_ms: marker.0,
-                dispatched_mark: value.dispatched_mark,
-                learned_at,
-            });
-        let view = RemoteView {
-            requests: inflight.requests,
-            tokens: inflight.tokens,
-            pending_prefill: inflight.pending_prefill,
-            dispatched: book.state.dispatched(key),
-            snapshot,
+            .pollers_are(&entry.key, &tables.counted, &current.pollers)
+        {
+            current.pollers.clone()
+        } else {
+            tables.state.pollers(&entry.key, &tables.counted).into()
         };
-        if **entry.remote.load() != view {
+        let view = RemoteView {
+            counts: tables.state.sum(&entry.key, &tables.counted),
+            snapshot,
+            pollers,
+        };
+        if **current != view {
             entry.remote.store(Arc::new(view));
         }
     }
 
-    fn publish_all(&self, book: &Book) {
-        for key in book.state.workers() {
-            self.publish_view(book, &key);
+    fn publish_key(&self, tables: &Tables, key: &str) {
+        if let Some(entry) = self.registry.get_or_create(key, true) {
+            self.publish_view(tables, &entry);
         }
     }
 
-    /// Re-derives which peers count after gossip, links or byes changed;
-    /// republishes every view if the set moved.
-    pub(crate) fn refresh_membership(&self, book: &mut Book) {
+    pub(crate) fn publish_all(&self, tables: &Tables) {
+        for entry in self.registry.list().iter() {
+            self.publish_view(tables, entry);
+        }
+    }
+
+    /// Re-derives which peers count after gossip, links or byes changed,
+    /// forgets incarnations dead for longer than `forget_after`, and
+    /// republishes every view if the counted set moved.
+    pub(crate) fn refresh_membership(&self, tables: &mut Tables) {
         // Only authenticated facts decide who counts: a verified load link
         // (its certificate names the peer, its Hello gives the generation)
         // and an authenticated Bye. Gossip is unauthenticated, so a forged
@@ -151,65 +167,69 @@ impl Core {
         // a restarted peer supersedes its old incarnation once its new link
         // verifies, and a dead one stops counting when its link times out.
         let mut newest: HashMap<&str, u64> = HashMap::new();
-        for inc in book.links.keys() {
+        for inc in tables.links.keys() {
             let newest_gen = newest.entry(&inc.name).or_insert(0);
             *newest_gen = (*newest_gen).max(inc.generation);
         }
-        let counted: HashSet<Incarnation> = book
+        let counted: HashSet<Incarnation> = tables
             .links
             .keys()
             .filter(|inc| {
                 inc.name != self.me.name
-                    && !book.left.contains(*inc)
+                    && !tables.left.contains(*inc)
                     && newest.get(&*inc.name) == Some(&inc.generation)
             })
             .cloned()
             .collect();
         let now = Instant::now();
-        let known: Vec<Incarnation> = book
+        let known: Vec<Incarnation> = tables
             .gossip
             .keys()
-            .chain(book.state.incarnations())
+            .chain(tables.state.incarnations())
+            .chain(tables.left.iter())
             .cloned()
             .collect();
         for inc in known {
             if counted.contains(&inc) {
-                book.dead_since.remove(&inc);
+                tables.dead_since.remove(&inc);
             } else {
-                book.dead_since.entry(inc).or_insert(now);
+                tables.dead_since.entry(inc).or_insert(now);
             }
         }
-        let expired: Vec<Incarnation> = book
+        let expired: Vec<Incarnation> = tables
             .dead_since
             .iter()
-            .filter(|(_, since)| since.elapsed() >= self.forget_dead_after)
+            .filter(|(_, since)| since.elapsed() >= self.forget_after)
             .map(|(inc, _)| inc.clone())
             .collect();
         for inc in expired {
-            book.state.forget(&inc);
-            book.dead_since.remove(&inc);
+            tables.state.forget(&inc);
+            tables.left.remove(&inc);
+            tables.dead_since.remove(&inc);
         }
-        if counted != book.counted {
-            book.counted = counted;
-            let mut names: Vec<Arc<str>> = book.counted.iter().map(|i| i.name.clone()).collect();
+        if counted != tables.counted {
+            tables.counted = counted;
+            let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
             names.push(self.me.name.clone());
             names.sort();
             names.dedup();
-            self.owners.store(Arc::new(names));
-            self.publish_all(book);
+            self.members.store(Arc::new(names));
+            self.publish_all(tables);
         }
         self.telemetry
-            .membership(book.counted.len() + 1, book.links.len());
+            .membership(tables.counted.len() + 1, tables.links.len());
     }
 
     /// Merges one update from `from`, resolving worker ids through the
-    /// link's dictionary. Bad entries are dropped and counted.
+    /// link's dictionary. Bad entries are dropped and counted; a peer's
+    /// engine numbers pass the same validation as an engine's.
     pub(crate) fn apply_update(
         &self,
         from: &Incarnation,
         dict: &mut HashMap<u32, Arc<str>>,
         update: Update,
     ) {
+        let mut polls: Vec<(Arc<str>, bool)> = Vec::with_capacity(update.keys.len());
         for def in update.keys {
             if def.key.is_empty() || def.key.len() > MAX_KEY_BYTES {
                 self.telemetry.dropped("bad_key");
@@ -218,28 +238,41 @@ impl Core {
             match self.registry.get_or_create(&def.key, true) {
                 Some(entry) => {
                     dict.insert(def.id, entry.key.clone());
+                    polls.push((entry.key.clone(), def.polled));
                 }
                 None => self.telemetry.dropped("too_many_keys"),
             }
         }
-        let mut book = self.book();
+        let clock = Clock::now();
+        let mut tables = self.tables();
         let mut touched: Vec<Arc<str>> = Vec::new();
+        for (key, polled) in polls {
+            if tables.state.apply_polls(from, &key, polled, clock.now) {
+                touched.push(key);
+            }
+        }
         for slot in update.slots {
             let Some(key) = dict.get(&slot.id) else {
                 self.telemetry.dropped("unknown_key");
                 continue;
             };
-            let inflight = Inflight {
-                requests: slot.requests,
-                tokens: slot.tokens,
-                pending_prefill: slot.pending_prefill,
-            };
-            if book
+            if tables
                 .state
-                .apply_slot(from, key, update.round, inflight, slot.dispatched)
+                .apply_slot(from, key, update.round, slot.counts, clock.now)
             {
                 touched.push(key.clone());
             }
+        }
+        for basis in update.bases {
+            let Some(key) = dict.get(&basis.id) else {
+                self.telemetry.dropped("unknown_key");
+                continue;
+            };
+            // Only /mesh/status and the disagreement gauge read it: no
+            // view to republish.
+            tables
+                .state
+                .apply_basis(from, key, basis.polled_at_unix_ms, clock.now);
         }
         for snap in update.snapshots {
             let Some(key) = dict.get(&snap.id) else {
@@ -248,50 +281,79 @@ impl Core {
             };
             let value = SnapshotValue {
                 source: snap.source,
-                load: snap.load,
-                dispatched_mark: snap.dispatched_mark,
+                load: snap.load.revalidated(),
+                claimed_polled_at_ms: snap.polled_at_unix_ms,
             };
+            if clamp_poll_time(snap.polled_at_unix_ms, clock.unix_ms) < snap.polled_at_unix_ms {
+                self.telemetry.clamped_poll_time();
+            }
             // The poller is the authenticated sender, never a claimed name.
-            let marker = (snap.polled_at_unix_ms, from.name.clone());
-            if book.state.apply_snapshot(key, value, marker) {
+            if let Some(polled_at) = tables.state.apply_snapshot(key, value, &from.name, clock) {
+                self.rebase_to_peer_snapshot(key, polled_at);
                 touched.push(key.clone());
             }
         }
-        if let Some(link) = book.links.get_mut(from) {
+        if let Some(link) = tables.links.get_mut(from) {
             link.last_frame = Instant::now();
         }
+        touched.sort();
+        touched.dedup();
         for key in &touched {
-            self.publish_view(&book, key);
+            self.publish_key(&tables, key);
         }
-        drop(book);
+        drop(tables);
         if !touched.is_empty() && update.prev_read_at_unix_us > 0 {
             let lag = unix_micros().saturating_sub(update.prev_read_at_unix_us);
             self.telemetry.lag(Duration::from_micros(lag));
         }
     }
 
+    /// A peer's snapshot of `key` polled at `polled_at` is now the freshest:
+    /// this node counts its own work from what it had dispatched then.
+    fn rebase_to_peer_snapshot(&self, key: &str, polled_at: u64) {
+        let Some(entry) = self.registry.get(key) else {
+            return;
+        };
+        let base = entry.history().at(polled_at);
+        match base {
+            Some(base) => entry.own.rebase(base, polled_at),
+            // The history does not reach back to the poll: keep counting
+            // from the older snapshot (an over-estimate, never an under-).
+            None => self.telemetry.rebase_history_short(),
+        }
+    }
+
     /// Stores a snapshot this node polled (as the LWW poller) and returns
-    /// the poll time it was stored under (strictly increasing per worker).
+    /// it as stored (its poll time strictly increasing per worker).
+    /// If it is the freshest, this node counts its own work from the
+    /// poll's start on.
     pub(crate) fn apply_own_snapshot(
         &self,
-        key: &Arc<str>,
-        value: SnapshotValue,
-        polled_at: u64,
-    ) -> u64 {
-        let mut book = self.book();
-        let last = book.own_polled_at.get(key).copied().unwrap_or(0);
-        let polled_at = if polled_at <= last {
-            last.saturating_add(1)
-        } else {
-            polled_at
+        entry: &WorkerEntry,
+        stamp: &PollStamp,
+        source: EngineKind,
+        load: EngineLoad,
+    ) -> SnapshotValue {
+        let mut tables = self.tables();
+        let clock = Clock::now();
+        let last = tables.own_polled_at.get(&entry.key).copied().unwrap_or(0);
+        // Bounded like a peer's (a forged or saturated stamp must not stop
+        // later polls from being newer), and strictly increasing.
+        let polled_at =
+            clamp_poll_time(stamp.polled_at_unix_ms, clock.unix_ms).max(last.saturating_add(1));
+        tables.own_polled_at.insert(entry.key.clone(), polled_at);
+        let value = SnapshotValue {
+            source,
+            load,
+            claimed_polled_at_ms: polled_at,
         };
-        book.own_polled_at.insert(key.clone(), polled_at);
-        if book
+        let won = tables
             .state
-            .apply_snapshot(key, value, (polled_at, self.me.name.clone()))
-        {
-            self.publish_view(&book, key);
+            .apply_snapshot(&entry.key, value, &self.me.name, clock);
+        if let Some(polled_at) = won {
+            entry.own.rebase(stamp.dispatched, polled_at);
+            self.publish_view(&tables, entry);
         }
-        polled_at
+        value
     }
 }

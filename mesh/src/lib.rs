@@ -4,8 +4,11 @@
 //! who else is around; it keeps a mutually authenticated QUIC link to each
 //! live peer and pushes its own per-worker slots over it every sync
 //! interval; what peers push is merged into the CRDT [`state::FleetState`]
-//! and published per worker, so the router reads fleet-wide load through a
-//! [`WorkerSlot`] without locks or allocation.
+//! (the live path: `session::receive` → `Core::apply_update` →
+//! `FleetState::apply_*` → `Core::publish_view`) and published per worker,
+//! so the router reads fleet-wide load through a [`WorkerSlot`] without
+//! locks or allocation. Housekeeping forgets what left the fleet, so
+//! memory and sync cost follow the live fleet.
 //!
 //! Trust: chitchat is unauthenticated, so it is only a hint (whom to dial,
 //! and when to give up on a peer gossip says is dead). A peer's load counts
@@ -19,6 +22,7 @@
 mod config;
 mod core;
 mod gossip_transport;
+mod housekeeping;
 pub mod identity;
 mod membership;
 mod mesh;
@@ -29,8 +33,10 @@ mod session;
 mod slot;
 pub mod state;
 mod status;
+#[cfg(feature = "testsuite")]
 mod tap;
 mod telemetry;
+mod timings;
 pub mod tls;
 mod wire;
 
@@ -38,7 +44,9 @@ pub use config::{FailureDetectorSettings, MeshConfig, PemSource, TlsConfig};
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};
 pub use shoal_proto as proto;
-pub use slot::{FleetLoad, PollStamp, SlotBooking, SlotValues, SnapshotView, WorkerSlot};
-pub use status::{MemberStatus, MeshStatus, ReplicaShare, SnapshotStatus, WorkerStatus};
+pub use slot::{FleetLoad, PollStamp, SlotBooking, SnapshotView, WorkerSlot};
+pub use state::MAX_CLOCK_SKEW_MS;
+pub use status::{Footprint, MemberStatus, MeshStatus, ReplicaShare, SnapshotStatus, WorkerStatus};
+#[cfg(feature = "testsuite")]
 pub use tap::FrameTap;
 pub use telemetry::{TrafficStatus, describe_metrics};

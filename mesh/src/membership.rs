@@ -116,21 +116,22 @@ pub(crate) async fn run(
         let gossip = read_gossip(&handle, &me).await;
         let want = wanted(&core, &gossip);
         {
-            let mut book = core.book();
+            let mut tables = core.tables();
             let now = Instant::now();
             for (inc, info) in &gossip {
-                let changed = book
+                let changed = tables
                     .gossip
                     .get(inc)
                     .is_none_or(|old| old.heartbeat != info.heartbeat);
                 if changed {
-                    book.heartbeat_seen.insert(inc.clone(), now);
+                    tables.heartbeat_seen.insert(inc.clone(), now);
                 }
             }
-            book.heartbeat_seen
+            tables
+                .heartbeat_seen
                 .retain(|inc, _| gossip.contains_key(inc));
-            book.gossip = gossip;
-            core.refresh_membership(&mut book);
+            tables.gossip = gossip;
+            core.refresh_membership(&mut tables);
         }
         let mut dialers = dialers.lock().await;
         let gone: Vec<Incarnation> = dialers
@@ -140,17 +141,17 @@ pub(crate) async fn run(
             .map(|(inc, _)| inc.clone())
             .collect();
         if !gone.is_empty() {
-            let mut book = core.book();
+            let mut tables = core.tables();
             for inc in &gone {
                 if let Some(task) = dialers.links.remove(inc) {
                     // Gossip says the peer is gone: drop the session now. An
                     // aborted session cannot clean up after itself, so its
                     // link entry goes here.
                     task.abort();
-                    book.links.remove(inc);
+                    tables.links.remove(inc);
                 }
             }
-            core.refresh_membership(&mut book);
+            core.refresh_membership(&mut tables);
         }
         for (inc, addr) in want {
             if dialers.links.contains_key(&inc) {

@@ -10,7 +10,7 @@ use chitchat::{
 };
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, IdleTimeout, TransportConfig, VarInt};
-use shoal_proto::LoadSnapshot;
+use shoal_proto::{EngineKind, EngineLoad};
 use tokio::task::JoinHandle;
 
 use crate::config::MeshConfig;
@@ -19,10 +19,9 @@ use crate::gossip_transport::PreBound;
 use crate::identity::{Incarnation, next_generation};
 use crate::membership::{self, Dialers, KEY_HTTP, KEY_QUIC, KEY_READINESS, KEY_VERSION};
 use crate::push::LinkTimings;
-use crate::slot::{OwnSnapshot, WorkerEntry, WorkerSlot};
-use crate::state::SnapshotValue;
-use crate::status::{self, MeshStatus};
-use crate::tls;
+use crate::slot::{PollStamp, WorkerSlot};
+use crate::status::{self, Footprint, MeshStatus};
+use crate::{timings, tls};
 
 /// Why a mesh could not start.
 #[derive(Debug, thiserror::Error)]
@@ -138,12 +137,13 @@ impl Mesh {
         let tls = tls::load(&config.tls)?;
         let ip = advertise_ip(&config).await?;
         let me = Incarnation::new(config.node_name.as_str(), next_generation(0));
-        let core = Arc::new(Core::new(
-            me.clone(),
-            config.cluster_id.clone(),
-            config.tap.clone(),
-            config.forget_dead_after,
-        ));
+        #[allow(unused_mut)] // mutated only with the test hooks
+        let mut core = Core::new(me.clone(), config.cluster_id.clone(), config.forget_after);
+        #[cfg(feature = "testsuite")]
+        {
+            core.tap = config.tap.clone();
+        }
+        let core = Arc::new(core);
         let endpoint = endpoint(&config, tls)?;
         let quic_port = endpoint
             .local_addr()
@@ -168,7 +168,7 @@ impl Mesh {
                 initial_interval: fd.initial_interval,
                 dead_node_grace_period: fd.dead_node_grace_period,
             },
-            marked_for_deletion_grace_period: Duration::from_secs(3600),
+            marked_for_deletion_grace_period: timings::GOSSIP_TOMBSTONE_GRACE,
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: ProtocolVersion::V0,
@@ -193,11 +193,14 @@ impl Mesh {
             connect_timeout: config.link_idle_timeout,
         };
         let dialers = Arc::new(tokio::sync::Mutex::new(Dialers::default()));
-        let mut tasks = vec![tokio::spawn(crate::session::accept_loop(
-            core.clone(),
-            endpoint.clone(),
-            timings,
-        ))];
+        let mut tasks = vec![
+            tokio::spawn(crate::session::accept_loop(
+                core.clone(),
+                endpoint.clone(),
+                timings,
+            )),
+            tokio::spawn(crate::housekeeping::run(core.clone(), config.sync_interval)),
+        ];
         if !config.seeds.is_empty() {
             tasks.push(tokio::spawn(membership::refresh_seeds(
                 chitchat.clone(),
@@ -212,7 +215,7 @@ impl Mesh {
             endpoint.clone(),
             dialers.clone(),
             timings,
-            fd.gossip_interval.min(Duration::from_millis(100)),
+            fd.gossip_interval.min(timings::MEMBERSHIP_READ_MAX),
         ));
         tracing::info!(node = %me, %gossip_addr, %quic_addr, "mesh started");
         Ok(Mesh {
@@ -244,65 +247,74 @@ impl Mesh {
     }
 
     /// The handle of worker `key` (its base URL), registered if new. Hold it:
-    /// booking and reading through it never lock.
+    /// booking and reading through it never lock. Call
+    /// [`WorkerSlot::set_polled`] if this replica polls the worker.
     pub fn worker(&self, key: &str) -> WorkerSlot {
-        let entry = self
-            .core
-            .registry
-            .get_or_create(key, false)
+        match self.core.registry.get_or_create(key, false) {
+            Some(entry) => WorkerSlot { entry },
             // Only past 2^32 keys: such a worker still works locally.
-            .unwrap_or_else(|| Arc::new(WorkerEntry::new(Arc::from(key), u32::MAX)));
-        WorkerSlot { entry }
+            None => WorkerSlot::detached(key),
+        }
     }
 
-    /// Shares a snapshot this node polled. `snapshot.polled_at_unix_ms` and
-    /// `dispatched_mark` should come from [`WorkerSlot::poll_stamp`] taken
-    /// when the poll started; the poller is always this node.
-    pub fn publish_snapshot(&self, slot: &WorkerSlot, snapshot: &LoadSnapshot) {
-        let value = SnapshotValue {
-            source: snapshot.source,
-            load: snapshot.load,
-            dispatched_mark: snapshot.dispatched_mark,
-        };
-        let polled_at =
-            self.core
-                .apply_own_snapshot(&slot.entry.key, value, snapshot.polled_at_unix_ms);
+    /// Shares a snapshot this node polled: `stamp` is the
+    /// [`WorkerSlot::poll_stamp`] taken when the poll started. If it is the
+    /// freshest this node knows, its own work since the poll counts from
+    /// the stamp on. The poller is always this node.
+    pub fn publish_snapshot(
+        &self,
+        slot: &WorkerSlot,
+        stamp: &PollStamp,
+        source: EngineKind,
+        load: EngineLoad,
+    ) {
+        let value = self
+            .core
+            .apply_own_snapshot(&slot.entry, stamp, source, load);
         let seq = slot
             .entry
             .own_snapshot
             .load()
             .as_ref()
-            .map_or(1, |s| s.seq + 1);
-        slot.entry.own_snapshot.store(Arc::new(Some(OwnSnapshot {
-            seq,
-            source: snapshot.source,
-            load: snapshot.load,
-            polled_at_unix_ms: polled_at,
-            dispatched_mark: snapshot.dispatched_mark,
-        })));
+            .map_or(1, |(seq, _)| seq + 1);
+        slot.entry.own_snapshot.store(Arc::new(Some((seq, value))));
+    }
+
+    /// Poll ownership of `worker` (rendezvous hashing) among the replicas
+    /// that poll it: the counted peers that say they do, and this node if
+    /// it does. `None` when nobody polls it.
+    fn poll_owner(&self, worker: &str) -> Option<Arc<str>> {
+        let entry = self.core.registry.get(worker)?;
+        let pollers = entry.pollers(&self.core.me.name);
+        crate::ownership::owner(&pollers, worker).cloned()
     }
 
     /// True when this node is the poll owner of `worker` among the live
-    /// verified members (rendezvous hashing). Alone, it owns everything.
+    /// verified replicas that poll it. Alone, it owns what it polls.
     pub fn owns(&self, worker: &str) -> bool {
-        let owners = self.core.owners.load();
-        crate::ownership::owner(&owners, worker).is_some_and(|o| *o == self.core.me.name)
+        self.poll_owner(worker)
+            .is_some_and(|o| *o == *self.core.me.name)
     }
 
-    /// Name of the poll owner of `worker`.
+    /// Name of the poll owner of `worker`, if any replica polls it.
     pub fn owner(&self, worker: &str) -> Option<String> {
-        let owners = self.core.owners.load();
-        crate::ownership::owner(&owners, worker).map(|o| o.to_string())
+        self.poll_owner(worker).map(|o| o.to_string())
     }
 
     /// Names of the live verified members, this node included, sorted.
     pub fn members(&self) -> Vec<String> {
         self.core
-            .owners
+            .members
             .load()
             .iter()
             .map(|n| n.to_string())
             .collect()
+    }
+
+    /// How much this node keeps: live keys and state entries. Bounded by
+    /// the live fleet (see the churn test); also in `/mesh/status`.
+    pub fn footprint(&self) -> Footprint {
+        status::footprint(&self.core)
     }
 
     /// Publishes this node's readiness in gossip.
@@ -340,19 +352,20 @@ impl Mesh {
         }
         // Every session pushes its last changes and says `Bye`.
         self.core.shutdown.send_replace(true);
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(800);
-        while !self.core.book().links.is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let deadline = tokio::time::Instant::now() + timings::SHUTDOWN_BYE_WAIT;
+        while !self.core.tables().links.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(timings::SHUTDOWN_POLL).await;
         }
         self.dialers
             .lock()
             .await
-            .join_all(Duration::from_millis(200))
+            .join_all(timings::SHUTDOWN_DIALER_JOIN)
             .await;
         // Let one or two gossip rounds carry `left`.
-        tokio::time::sleep((self.gossip_interval * 2).min(Duration::from_millis(500))).await;
+        tokio::time::sleep((self.gossip_interval * 2).min(timings::SHUTDOWN_GOSSIP_LEFT_MAX)).await;
         self.endpoint.close(0u32.into(), b"shutdown");
-        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+        let _ =
+            tokio::time::timeout(timings::SHUTDOWN_ENDPOINT_IDLE, self.endpoint.wait_idle()).await;
         let _ = self.chitchat.initiate_shutdown();
         for task in self.tasks.drain(..) {
             task.abort();

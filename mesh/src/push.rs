@@ -1,7 +1,7 @@
 //! The push half of a load session: this node's own slots to one peer.
 //!
-//! After the session's `Hello`: a full copy of every touched slot and every
-//! own snapshot. Then, every sync interval, the slots whose values changed
+//! After the session's `Hello`: a full copy of every touched slot, every
+//! key this node polls and every own snapshot. Then, every sync interval, the slots whose values changed
 //! since the last push and the snapshots not yet sent (coalesced: many
 //! bookings in one interval cost one entry); every anti-entropy interval a
 //! full copy again. On shutdown: `Bye`, so the peer stops counting us at
@@ -11,13 +11,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use quinn::{Connection, SendStream};
-use shoal_proto::frames::{Frame, KeyDef, SlotEntry, SnapshotEntry, Update};
+use shoal_proto::frames::{BasisEntry, Frame, KeyDef, SlotEntry, SnapshotEntry, Update};
 use tokio::sync::watch;
 use tokio::time::{MissedTickBehavior, interval};
 
 use crate::core::Core;
 use crate::identity::unix_micros;
-use crate::slot::SlotValues;
+use crate::slot::WorkerEntry;
 use crate::wire::{StreamError, write_frame};
 
 /// Entries per update frame, so a full copy never nears the frame limit.
@@ -31,85 +31,120 @@ pub(crate) struct LinkTimings {
     pub(crate) connect_timeout: Duration,
 }
 
-/// What this link already told the peer, indexed by worker id.
+/// What this link told the peer about one wire id.
+#[derive(Debug, Clone, Copy, Default)]
+struct SentEntry {
+    /// The entry the id named when this was sent (ids are reused).
+    serial: u64,
+    polled: bool,
+    slot: Option<SlotEntry>,
+    basis_ms: u64,
+    snapshot_seq: u64,
+}
+
+/// What this link already told the peer, indexed by wire id (bounded by
+/// the most keys this node held at once).
 #[derive(Debug, Default)]
 struct Sent {
-    defined: Vec<bool>,
-    slots: Vec<Option<SlotValues>>,
-    snapshot_seq: Vec<u64>,
+    entries: Vec<Option<SentEntry>>,
     last_read_us: u64,
 }
 
 impl Sent {
-    fn grow(&mut self, len: usize) {
-        if self.defined.len() < len {
-            self.defined.resize(len, false);
-            self.slots.resize(len, None);
-            self.snapshot_seq.resize(len, 0);
+    /// What was sent for `entry`'s id, if it was sent for this very entry.
+    fn get(&mut self, entry: &WorkerEntry) -> Option<&mut SentEntry> {
+        let id = entry.id as usize;
+        if self.entries.len() <= id {
+            self.entries.resize(id + 1, None);
+        }
+        self.entries
+            .get_mut(id)?
+            .as_mut()
+            .filter(|s| s.serial == entry.serial)
+    }
+
+    fn set(&mut self, entry: &WorkerEntry, sent: SentEntry) {
+        if let Some(slot) = self.entries.get_mut(entry.id as usize) {
+            *slot = Some(sent);
         }
     }
 }
 
-/// Builds the update frames: every touched slot when `full`, else only
-/// what changed since `sent`.
+/// Builds the update frames: every touched slot, polled key and own
+/// snapshot when `full`, else only what changed since `sent`.
 fn build(core: &Core, sent: &mut Sent, full: bool) -> Vec<Update> {
     let entries = core.registry.list();
-    sent.grow(entries.len());
     let read_at = unix_micros();
     let round = core.round.fetch_add(1, Ordering::Relaxed) + 1;
     let mut out = Vec::new();
     let mut cur = Update::default();
     for entry in entries.iter() {
-        let id = entry.id as usize;
-        let values = entry.own.read();
-        let slot_due = if full {
-            entry.touched.load(Ordering::Relaxed)
-        } else {
-            sent.slots
-                .get(id)
-                .copied()
-                .flatten()
-                .map_or(entry.touched.load(Ordering::Relaxed), |prev| prev != values)
-        };
-        let snapshot = **entry.own_snapshot.load();
-        let snap_due = snapshot.filter(|s| full || sent.snapshot_seq.get(id) != Some(&s.seq));
-        if !slot_due && snap_due.is_none() {
+        if entry.id == u32::MAX {
             continue;
         }
-        if sent.defined.get(id) != Some(&true) || full {
+        let counts = entry.own.read();
+        let slot = SlotEntry {
+            id: entry.id,
+            counts,
+        };
+        let basis_ms = entry.own.basis_ms.load(Ordering::Relaxed);
+        let touched = entry.touched.load(Ordering::Relaxed);
+        let polled = entry.polled.load(Ordering::Relaxed);
+        let snapshot = **entry.own_snapshot.load();
+        let prev = sent.get(entry).copied();
+        let slot_due = match (&prev, full) {
+            (_, true) | (None, false) => touched,
+            (Some(p), false) => p.slot.map_or(touched, |s| s != slot),
+        };
+        let snap_due =
+            snapshot.filter(|(seq, _)| full || prev.is_none_or(|p| p.snapshot_seq != *seq));
+        // A basis only means something next to counts (an untouched slot
+        // has no work since the poll), and must not keep a key alive.
+        let basis_due =
+            touched && basis_ms > 0 && (full || prev.is_none_or(|p| p.basis_ms != basis_ms));
+        let polled_due = match &prev {
+            Some(p) => (full && polled) || p.polled != polled,
+            None => polled,
+        };
+        if !slot_due && !basis_due && snap_due.is_none() && !polled_due {
+            continue;
+        }
+        if prev.is_none() || full || polled_due {
             cur.keys.push(KeyDef {
                 id: entry.id,
                 key: entry.key.to_string(),
+                polled,
             });
-            if let Some(d) = sent.defined.get_mut(id) {
-                *d = true;
-            }
         }
+        let mut now_sent = prev.unwrap_or(SentEntry {
+            serial: entry.serial,
+            ..SentEntry::default()
+        });
+        now_sent.polled = polled;
         if slot_due {
-            cur.slots.push(SlotEntry {
-                id: entry.id,
-                requests: values.requests,
-                tokens: values.tokens,
-                pending_prefill: values.pending_prefill,
-                dispatched: values.dispatched,
-            });
-            if let Some(s) = sent.slots.get_mut(id) {
-                *s = Some(values);
-            }
+            cur.slots.push(slot);
+            now_sent.slot = Some(slot);
         }
-        if let Some(s) = snap_due {
+        if basis_due {
+            cur.bases.push(BasisEntry {
+                id: entry.id,
+                polled_at_unix_ms: basis_ms,
+            });
+            now_sent.basis_ms = basis_ms;
+        }
+        if let Some((seq, s)) = snap_due {
             cur.snapshots.push(SnapshotEntry {
                 id: entry.id,
                 source: s.source,
                 load: s.load,
-                polled_at_unix_ms: s.polled_at_unix_ms,
-                dispatched_mark: s.dispatched_mark,
+                polled_at_unix_ms: s.claimed_polled_at_ms,
             });
-            if let Some(seq) = sent.snapshot_seq.get_mut(id) {
-                *seq = s.seq;
-            }
+            now_sent.snapshot_seq = seq;
         }
-        if cur.slots.len() + cur.snapshots.len() >= ENTRIES_PER_FRAME {
+        sent.set(entry, now_sent);
+        if cur.keys.len() + cur.slots.len() + cur.bases.len() + cur.snapshots.len()
+            >= ENTRIES_PER_FRAME
+        {
             out.push(std::mem::take(&mut cur));
         }
     }
@@ -177,7 +212,7 @@ pub(crate) async fn push(
             let bytes = write_frame(stream, &Frame::Bye).await?;
             core.telemetry.frame_sent(bytes);
             let _ = stream.finish();
-            let _ = tokio::time::timeout(Duration::from_millis(500), stream.stopped()).await;
+            let _ = tokio::time::timeout(crate::timings::BYE_FLUSH_WAIT, stream.stopped()).await;
             return Ok(());
         }
         tokio::select! {

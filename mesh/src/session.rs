@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
@@ -23,10 +23,9 @@ use shoal_proto::frames::{Frame, Hello};
 use crate::core::{Core, LinkInfo};
 use crate::identity::{Incarnation, valid_node_name};
 use crate::push::{LinkTimings, push};
+use crate::timings::{DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, HELLO_TIMEOUT};
 use crate::tls::cert_names_node;
 use crate::wire::{Read, StreamError, read_frame, write_frame};
-
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// True when this node dials `peer` (the other side waits to be dialed).
 pub(crate) fn dials(me: &Incarnation, peer: &Incarnation) -> bool {
@@ -65,7 +64,7 @@ pub(crate) async fn dial_loop(
     addr: SocketAddr,
     timings: LinkTimings,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = DIAL_BACKOFF_MIN;
     let mut shutdown = core.shutdown.subscribe();
     loop {
         if *shutdown.borrow() {
@@ -80,7 +79,7 @@ pub(crate) async fn dial_loop(
         };
         match tokio::time::timeout(timings.connect_timeout, connecting).await {
             Ok(Ok(conn)) => {
-                backoff = Duration::from_millis(50);
+                backoff = DIAL_BACKOFF_MIN;
                 session(&core, &conn, Some(&peer.name), timings).await;
             }
             Ok(Err(e)) => {
@@ -93,7 +92,7 @@ pub(crate) async fn dial_loop(
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.changed() => return,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(DIAL_BACKOFF_MAX);
     }
 }
 
@@ -156,8 +155,8 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: 
     };
     let conn_id = conn.stable_id();
     {
-        let mut book = core.book();
-        book.links.insert(
+        let mut tables = core.tables();
+        tables.links.insert(
             peer.clone(),
             LinkInfo {
                 conn_id,
@@ -165,7 +164,7 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: 
                 last_frame: Instant::now(),
             },
         );
-        core.refresh_membership(&mut book);
+        core.refresh_membership(&mut tables);
     }
     tracing::info!(peer = %peer, "mesh peer verified");
     let shutdown = core.shutdown.subscribe();
@@ -178,11 +177,15 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: 
         () = receive(core, conn, &peer, &mut recv) => {}
     }
     conn.close(0u32.into(), b"done");
-    let mut book = core.book();
-    if book.links.get(&peer).is_some_and(|l| l.conn_id == conn_id) {
-        book.links.remove(&peer);
+    let mut tables = core.tables();
+    if tables
+        .links
+        .get(&peer)
+        .is_some_and(|l| l.conn_id == conn_id)
+    {
+        tables.links.remove(&peer);
     }
-    core.refresh_membership(&mut book);
+    core.refresh_membership(&mut tables);
 }
 
 /// Merges the peer's frames until its stream ends, it says `Bye`, or its
@@ -193,20 +196,21 @@ async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut 
         match read_frame(recv).await {
             Ok(Read::Frame(Frame::Update(update), bytes)) => {
                 core.telemetry.frame_received(bytes);
-                let updates = match &core.tap {
-                    Some(tap) => tap.on_update(peer, update),
-                    None => vec![update],
-                };
-                for update in updates {
-                    core.apply_update(peer, &mut dict, update);
+                #[cfg(feature = "testsuite")]
+                if let Some(tap) = &core.tap {
+                    for update in tap.on_update(peer, update) {
+                        core.apply_update(peer, &mut dict, update);
+                    }
+                    continue;
                 }
+                core.apply_update(peer, &mut dict, update);
             }
             Ok(Read::Frame(Frame::Bye, bytes)) => {
                 core.telemetry.frame_received(bytes);
-                let mut book = core.book();
-                book.left.insert(peer.clone());
-                core.refresh_membership(&mut book);
-                drop(book);
+                let mut tables = core.tables();
+                tables.left.insert(peer.clone());
+                core.refresh_membership(&mut tables);
+                drop(tables);
                 tracing::info!(peer = %peer, "mesh peer left");
                 return;
             }

@@ -2,17 +2,30 @@
 //! rest of the fleet as an immutable view swapped in by the mesh.
 //!
 //! Booking and releasing touch only this replica's atomics (the same cost
-//! as a local ledger). Reading the fleet load loads one `ArcSwap` pointer
-//! (no lock, no allocation) and adds the own atomics to the remote sums the
-//! mesh recomputed when the last frame arrived. The sync task reads the own
+//! with or without a mesh: a mesh-off replica holds a [`WorkerSlot::detached`]
+//! slot). Reading the fleet load loads one `ArcSwap` pointer (no lock, no
+//! allocation) and adds the own atomics to the remote sums the mesh
+//! recomputed when the last frame arrived. The sync task reads the own
 //! atomics every sync interval and pushes what changed.
+//!
+//! Work since the poll: the slot keeps a lifetime `dispatched` counter that
+//! never leaves this process, and a `since_base` — the value `dispatched`
+//! had when the freshest snapshot this replica knows was taken. Its own
+//! `dispatched_since_poll` is the difference; the fleet value is the sum of
+//! every live incarnation's own difference, so no replica ever compares its
+//! total with another's (a restarted or renamed replica has no lifetime
+//! history to compare).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use shoal_proto::{EngineKind, EngineLoad};
+use shoal_proto::{EngineKind, EngineLoad, LoadCounts};
+
+use crate::identity::unix_millis;
+use crate::state::SnapshotValue;
 
 /// This replica's counters for one worker.
 #[derive(Debug, Default)]
@@ -20,29 +33,80 @@ pub(crate) struct OwnCounters {
     pub(crate) requests: AtomicU64,
     pub(crate) tokens: AtomicU64,
     pub(crate) pending_prefill: AtomicU64,
+    /// Token-work ever dispatched by this incarnation (local only).
     pub(crate) dispatched: AtomicU64,
-}
-
-/// The own slot values at one instant.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SlotValues {
-    /// Requests in flight.
-    pub requests: u64,
-    /// Token-work in flight.
-    pub tokens: u64,
-    /// Prompt tokens waiting for their first response byte.
-    pub pending_prefill: u64,
-    /// Token-work ever dispatched (grow-only).
-    pub dispatched: u64,
+    /// `dispatched` when the freshest known snapshot was taken.
+    pub(crate) since_base: AtomicU64,
+    /// Poll time (ms) of that snapshot; 0 before the first.
+    pub(crate) basis_ms: AtomicU64,
 }
 
 impl OwnCounters {
-    pub(crate) fn read(&self) -> SlotValues {
-        SlotValues {
+    pub(crate) fn read(&self) -> LoadCounts {
+        // `since_base` is a past value of `dispatched`; reading it second
+        // can only make the difference smaller, and it saturates at 0.
+        let dispatched = self.dispatched.load(Ordering::Relaxed);
+        LoadCounts {
             requests: self.requests.load(Ordering::Relaxed),
             tokens: self.tokens.load(Ordering::Relaxed),
             pending_prefill: self.pending_prefill.load(Ordering::Relaxed),
-            dispatched: self.dispatched.load(Ordering::Relaxed),
+            dispatched_since_poll: dispatched
+                .saturating_sub(self.since_base.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Counts from a newer snapshot on: `base` is what `dispatched` was
+    /// when it was taken. Never moves the base backwards.
+    pub(crate) fn rebase(&self, base: u64, basis_ms: u64) {
+        self.since_base.fetch_max(base, Ordering::Relaxed);
+        self.basis_ms.fetch_max(basis_ms, Ordering::Relaxed);
+    }
+}
+
+/// How many (time, dispatched) samples a slot keeps: at one sample per
+/// sync interval with bookings, about a second of history at 20 ms.
+const HISTORY_SAMPLES: usize = 64;
+
+/// Recent values of the own `dispatched` counter, so a snapshot learned
+/// from a peer rebases to what this replica had dispatched when the engine
+/// was polled, not when the news arrived (work routed in between stays
+/// counted: an over-estimate of one sample interval at most).
+#[derive(Debug, Default)]
+pub(crate) struct DispatchHistory {
+    samples: VecDeque<(u64, u64)>,
+    /// A sample was dropped: the history no longer reaches the counter's
+    /// start, so a time before the oldest sample is unknown.
+    truncated: bool,
+}
+
+impl DispatchHistory {
+    /// A history that knows the counter was 0 at `created_ms`.
+    pub(crate) fn starting_at(created_ms: u64) -> Self {
+        Self {
+            samples: VecDeque::from([(created_ms, 0)]),
+            truncated: false,
+        }
+    }
+
+    /// Records `value` at `now_ms` if it changed since the last sample.
+    pub(crate) fn sample(&mut self, now_ms: u64, value: u64) {
+        if self.samples.back().is_some_and(|&(_, v)| v == value) {
+            return;
+        }
+        if self.samples.len() == HISTORY_SAMPLES {
+            self.samples.pop_front();
+            self.truncated = true;
+        }
+        self.samples.push_back((now_ms, value));
+    }
+
+    /// The value sampled before `at_ms` (a lower bound of the counter
+    /// then: a sample in the same millisecond may come after the poll, so
+    /// it is not used), or `None` when the history does not reach back.
+    pub(crate) fn at(&self, at_ms: u64) -> Option<u64> {
+        match self.samples.iter().rev().find(|&&(t, _)| t < at_ms) {
+            Some(&(_, v)) => Some(v),
+            None => (!self.truncated).then_some(0),
         }
     }
 }
@@ -54,98 +118,109 @@ pub struct SnapshotView {
     pub source: EngineKind,
     /// The validated signals.
     pub load: EngineLoad,
-    /// Poll time on the poller's wall clock, ms since the Unix epoch.
+    /// Poll time, ms since the Unix epoch, clamped to this replica's clock
+    /// plus the skew bound when it was learned.
     pub polled_at_unix_ms: u64,
-    /// Fleet dispatched token-work when the poll started.
-    pub dispatched_mark: u64,
-    /// When this replica first stored it (for local staleness checks).
-    pub learned_at: Instant,
+    /// When the engine was polled, on this replica's monotonic clock: the
+    /// poll time's distance from the wall clock at learning, subtracted
+    /// from the learning instant. Age is measured from here, so an old
+    /// snapshot learned late is old, and a future-stamped one is no younger
+    /// than the moment it arrived.
+    pub taken_at: Instant,
+}
+
+impl SnapshotView {
+    /// How old the engine's numbers are at `now`.
+    pub fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.taken_at)
+    }
 }
 
 /// What the other live replicas contribute to one worker, recomputed by the
 /// mesh when frames or membership change.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct RemoteView {
-    pub(crate) requests: u64,
-    pub(crate) tokens: u64,
-    pub(crate) pending_prefill: u64,
-    /// Dispatched by every other incarnation ever seen (live, dead, retired).
-    pub(crate) dispatched: u64,
+    /// Sum over the counted peers' slots.
+    pub(crate) counts: LoadCounts,
+    /// The freshest snapshot any replica (this one included) polled.
     pub(crate) snapshot: Option<SnapshotView>,
+    /// Names of the counted peers that poll this worker, sorted.
+    pub(crate) pollers: Arc<[Arc<str>]>,
 }
 
 /// Fleet-wide load of one worker, as this replica sees it now.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FleetLoad {
-    /// Requests in flight, summed over live verified replicas and self.
-    pub inflight_requests: u64,
-    /// Token-work in flight, same sum.
-    pub inflight_tokens: u64,
-    /// Prompt tokens awaiting a first byte, same sum.
-    pub pending_prefill_tokens: u64,
-    /// Fleet dispatched token-work (grow-only; includes departed replicas).
-    pub dispatched_total: u64,
+    /// Sums over live verified replicas and self.
+    pub counts: LoadCounts,
     /// The freshest snapshot any replica polled, however old.
     pub snapshot: Option<SnapshotView>,
-}
-
-impl FleetLoad {
-    /// Token-work dispatched since the snapshot's poll (all of it without
-    /// a snapshot), clamped at zero.
-    pub fn dispatched_since_poll(&self) -> u64 {
-        match &self.snapshot {
-            Some(s) => self.dispatched_total.saturating_sub(s.dispatched_mark),
-            None => self.dispatched_total,
-        }
-    }
-}
-
-/// A snapshot this replica polled, waiting to be pushed to peers.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct OwnSnapshot {
-    /// Grows by one per publish, so links know what they already sent.
-    pub(crate) seq: u64,
-    pub(crate) source: EngineKind,
-    pub(crate) load: EngineLoad,
-    pub(crate) polled_at_unix_ms: u64,
-    pub(crate) dispatched_mark: u64,
 }
 
 /// Shared state of one worker key.
 #[derive(Debug)]
 pub(crate) struct WorkerEntry {
     pub(crate) key: Arc<str>,
-    /// This node's id for the key on the wire (dense, from 0).
+    /// This node's id for the key on the wire (dense, reused after removal).
     pub(crate) id: u32,
+    /// Unique per entry ever created here: tells a link that an id now
+    /// names another key and must be defined again.
+    pub(crate) serial: u64,
     pub(crate) own: OwnCounters,
     /// Set on the first booking: the slot is sent in every full sync from
     /// then on (so a peer holding old values always gets corrected).
     pub(crate) touched: AtomicBool,
+    /// This replica polls the worker's load (gossiped for poll ownership).
+    pub(crate) polled: AtomicBool,
     pub(crate) remote: ArcSwap<RemoteView>,
-    pub(crate) own_snapshot: ArcSwap<Option<OwnSnapshot>>,
+    /// The last snapshot this replica polled, with a publish sequence that
+    /// grows by one per poll (so links know what they already sent).
+    pub(crate) own_snapshot: ArcSwap<Option<(u64, SnapshotValue)>>,
+    pub(crate) history: Mutex<DispatchHistory>,
 }
 
 impl WorkerEntry {
-    pub(crate) fn new(key: Arc<str>, id: u32) -> Self {
+    pub(crate) fn new(key: Arc<str>, id: u32, serial: u64) -> Self {
         Self {
             key,
             id,
+            serial,
             own: OwnCounters::default(),
             touched: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
             remote: ArcSwap::from_pointee(RemoteView::default()),
             own_snapshot: ArcSwap::from_pointee(None),
+            history: Mutex::new(DispatchHistory::starting_at(unix_millis())),
         }
+    }
+
+    /// The replicas that poll this worker: the counted peers that say so,
+    /// and `me` if this node does. Poll ownership is decided among them.
+    pub(crate) fn pollers(&self, me: &Arc<str>) -> Vec<Arc<str>> {
+        let mut names: Vec<Arc<str>> = self.remote.load().pollers.to_vec();
+        if self.polled.load(Ordering::Relaxed) {
+            names.push(me.clone());
+            names.sort();
+            names.dedup();
+        }
+        names
+    }
+
+    pub(crate) fn history(&self) -> std::sync::MutexGuard<'_, DispatchHistory> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Stamp taken when a poll starts: the time and the fleet dispatched total
-/// that the resulting snapshot will carry.
+/// Stamp taken when a poll starts: pass it back with the poll's result so
+/// the snapshot is dated, and the own count rebased, to the poll's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollStamp {
     /// Poll start, ms since the Unix epoch.
     pub polled_at_unix_ms: u64,
-    /// Fleet dispatched token-work at poll start.
-    pub dispatched_mark: u64,
+    /// Poll start on the monotonic clock.
+    pub started: Instant,
+    /// This incarnation's lifetime dispatched token-work at poll start.
+    pub dispatched: u64,
 }
 
 /// The router's handle on one worker: book work in this replica's own slot
@@ -157,6 +232,14 @@ pub struct WorkerSlot {
 }
 
 impl WorkerSlot {
+    /// A slot that belongs to no mesh: the ledger of a replica that routes
+    /// alone. Same booking code, same reads (the fleet is just this slot).
+    pub fn detached(key: &str) -> Self {
+        Self {
+            entry: Arc::new(WorkerEntry::new(Arc::from(key), u32::MAX, 0)),
+        }
+    }
+
     /// The worker key (its base URL).
     pub fn key(&self) -> &str {
         &self.entry.key
@@ -181,9 +264,15 @@ impl WorkerSlot {
         }
     }
 
-    /// This replica's own slot values now.
-    pub fn own(&self) -> SlotValues {
+    /// This replica's own counts now.
+    pub fn own(&self) -> LoadCounts {
         self.entry.own.read()
+    }
+
+    /// Poll time (ms) of the snapshot the own `dispatched_since_poll`
+    /// counts from; 0 before the first.
+    pub fn basis_polled_at_unix_ms(&self) -> u64 {
+        self.entry.own.basis_ms.load(Ordering::Relaxed)
     }
 
     /// The fleet-wide load now: no lock, no allocation.
@@ -191,26 +280,42 @@ impl WorkerSlot {
         let own = self.entry.own.read();
         let remote = self.entry.remote.load();
         FleetLoad {
-            inflight_requests: own.requests.saturating_add(remote.requests),
-            inflight_tokens: own.tokens.saturating_add(remote.tokens),
-            pending_prefill_tokens: own.pending_prefill.saturating_add(remote.pending_prefill),
-            dispatched_total: own.dispatched.saturating_add(remote.dispatched),
+            counts: own + remote.counts,
             snapshot: remote.snapshot,
         }
     }
 
-    /// Call when a poll of this worker starts; pass the stamp to
-    /// [`crate::Mesh::publish_snapshot`] with the poll's result.
+    /// Says whether this replica polls the worker's load endpoint. Poll
+    /// ownership is shared only among the replicas that do, so a replica
+    /// that stops polling (worker removed, `--worker-load-source none`)
+    /// must say so.
+    pub fn set_polled(&self, polled: bool) {
+        self.entry.polled.store(polled, Ordering::Relaxed);
+    }
+
+    /// Call when a poll of this worker starts; pass the stamp back with
+    /// the poll's result ([`crate::Mesh::publish_snapshot`], or
+    /// [`WorkerSlot::record_own_poll`] without a mesh).
     pub fn poll_stamp(&self) -> PollStamp {
         PollStamp {
-            polled_at_unix_ms: crate::identity::unix_millis(),
-            dispatched_mark: self.fleet().dispatched_total,
+            polled_at_unix_ms: unix_millis(),
+            started: Instant::now(),
+            dispatched: self.entry.own.dispatched.load(Ordering::Relaxed),
         }
+    }
+
+    /// A mesh-off replica polled the engine successfully: count its own
+    /// work from the poll's start on.
+    pub fn record_own_poll(&self, stamp: &PollStamp) {
+        self.entry
+            .own
+            .rebase(stamp.dispatched, stamp.polled_at_unix_ms);
     }
 }
 
 /// One request's claim on a worker's own slot; dropping it releases the
-/// claim (requests and in-flight tokens; dispatched only grows).
+/// claim (requests and in-flight tokens; work since the poll stays until
+/// the engine reports it).
 #[derive(Debug)]
 pub struct SlotBooking {
     entry: Arc<WorkerEntry>,
@@ -246,34 +351,71 @@ mod tests {
 
     #[test]
     fn booking_releases_once_and_reads_add_remote() {
-        let slot = WorkerSlot {
-            entry: Arc::new(WorkerEntry::new("http://w:1".into(), 0)),
-        };
+        let slot = WorkerSlot::detached("http://w:1");
         let mut booking = slot.book(40, 100);
         booking.first_byte();
         booking.first_byte();
         slot.entry.remote.store(Arc::new(RemoteView {
-            requests: 2,
-            tokens: 50,
-            pending_prefill: 7,
-            dispatched: 1000,
-            snapshot: None,
+            counts: LoadCounts {
+                requests: 2,
+                tokens: 50,
+                pending_prefill: 7,
+                dispatched_since_poll: 1000,
+            },
+            ..RemoteView::default()
         }));
         let fleet = slot.fleet();
-        assert_eq!(fleet.inflight_requests, 3);
-        assert_eq!(fleet.inflight_tokens, 150);
-        assert_eq!(fleet.pending_prefill_tokens, 7);
-        assert_eq!(fleet.dispatched_total, 1100);
-        assert_eq!(fleet.dispatched_since_poll(), 1100);
+        assert_eq!(
+            fleet.counts,
+            LoadCounts {
+                requests: 3,
+                tokens: 150,
+                pending_prefill: 7,
+                dispatched_since_poll: 1100,
+            }
+        );
         drop(booking);
         assert_eq!(
             slot.own(),
-            SlotValues {
+            LoadCounts {
                 requests: 0,
                 tokens: 0,
                 pending_prefill: 0,
-                dispatched: 100
+                dispatched_since_poll: 100,
             }
         );
+    }
+
+    #[test]
+    fn an_own_poll_counts_from_its_start() {
+        let slot = WorkerSlot::detached("http://w:1");
+        drop(slot.book(0, 100));
+        let stamp = slot.poll_stamp();
+        drop(slot.book(0, 30)); // routed while the poll was in flight
+        slot.record_own_poll(&stamp);
+        assert_eq!(slot.own().dispatched_since_poll, 30);
+        assert_eq!(slot.basis_polled_at_unix_ms(), stamp.polled_at_unix_ms);
+        // An older stamp never moves the base back.
+        slot.entry.own.rebase(0, 1);
+        assert_eq!(slot.own().dispatched_since_poll, 30);
+    }
+
+    #[test]
+    fn history_finds_the_value_at_or_before_a_time() {
+        let mut h = DispatchHistory::starting_at(50);
+        assert_eq!(h.at(10), Some(0), "before the counter existed");
+        h.sample(100, 5);
+        h.sample(120, 5); // unchanged: not stored
+        h.sample(140, 9);
+        assert_eq!(h.at(99), Some(0));
+        assert_eq!(h.at(100), Some(0), "same millisecond: maybe after");
+        assert_eq!(h.at(101), Some(5));
+        assert_eq!(h.at(140), Some(5));
+        assert_eq!(h.at(10_000), Some(9));
+        for t in 0..200u64 {
+            h.sample(1000 + t, 100 + t);
+        }
+        assert_eq!(h.samples.len(), HISTORY_SAMPLES);
+        assert_eq!(h.at(141), None, "older than the history reaches");
     }
 }

@@ -1,94 +1,165 @@
 //! The CRDT fleet state: what this replica knows of every other replica's
-//! bookings and polls. Pure data, no I/O; the mesh feeds it frames.
+//! slots and of the freshest engine snapshots. Pure data, no I/O: the live
+//! path is `session::receive` → `Core::apply_update`, which turns each
+//! frame entry into one call here.
 //!
-//! Three CRDTs, all keyed by worker:
+//! - **Slots**: per (incarnation, worker) a last-writer-wins register
+//!   ([`crdts::LWWReg`]) of that incarnation's own [`LoadCounts`], whose
+//!   marker is the sender's round (strictly increasing per incarnation).
+//!   The fleet value is the sum over the *live* incarnations
+//!   ([`FleetState::sum`]) — a PN-counter whose actors are incarnations,
+//!   read over the live set. `crdts`' own counters cannot forget an actor,
+//!   so the sum is written out plainly. Every field is a per-incarnation
+//!   quantity, including `dispatched_since_poll` (the work that incarnation
+//!   routed since the snapshot it knows): the fleet reads the same sum on
+//!   every replica whatever history each has seen, and a dead incarnation
+//!   simply drops out.
+//! - **Polls**: per (incarnation, worker) whether that incarnation polls the
+//!   worker, so poll ownership is shared only among the replicas that do.
+//! - **Snapshots**: per worker one register ordered by `(poll time,
+//!   poller, claimed poll time)`, the poll time clamped on receipt to this replica's wall clock
+//!   plus [`MAX_CLOCK_SKEW_MS`]: a poller whose clock runs ahead cannot
+//!   freeze the register for longer than the bound. A re-sent snapshot
+//!   (same poller, same claimed poll time) is recognised and ignored.
 //!
-//! - **In-flight slots**: per (incarnation, worker) a last-writer-wins
-//!   register ([`crdts::LWWReg`]) of `(requests, tokens, pending prefill)`
-//!   whose marker is the sender's round, which grows strictly with every
-//!   frame an incarnation sends. The fleet value is the sum over the *live*
-//!   incarnations, i.e. a PN-counter whose actors are incarnations, read
-//!   over the live set. That read is written out plainly in
-//!   [`FleetState::inflight`]: `crdts`' `PNCounter` keeps an increment and
-//!   a decrement `VClock` per actor and can never drop an actor, so a dead
-//!   replica's requests would count forever, and its op-based increments do
-//!   not fit a sender that ships absolute values. Slots of an incarnation
-//!   dead for longer than a grace period are dropped ([`FleetState::forget`]).
-//! - **Dispatched token-work**: per worker a [`crdts::VClock`] over
-//!   incarnations (per-actor maximum = a G-counter of absolute values). The
-//!   total sums every incarnation ever seen, dead or alive, so a death never
-//!   makes it go backwards; since every later poll mark includes the dead
-//!   replica's work too, it stops mattering to `dispatched_since_poll` from
-//!   the next poll on. Entries are one `u64` per (worker, incarnation) and
-//!   are kept, so an incarnation that comes back after a partition never
-//!   double-counts.
-//! - **Snapshots**: per worker a [`crdts::LWWReg`] ordered by
-//!   `(poll time, poller)`; pollers make their poll times strictly increase
-//!   per worker, so markers are unique.
-//!
-//! [`FleetState::merge`] joins two states; it is commutative, associative
-//! and idempotent (property-tested), which is why lost, duplicated and
-//! reordered frames still converge: every frame is a small state merged in.
+//! Bounded: [`FleetState::forget`] drops a dead incarnation, and
+//! [`FleetState::expire_idle`] drops entries their sender stopped
+//! refreshing (full syncs refresh every live one), so memory follows the
+//! live fleet, not its history.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crdts::{CmRDT, CvRDT, Dot, LWWReg, VClock};
-use shoal_proto::{EngineKind, EngineLoad};
+use crdts::{CvRDT, LWWReg};
+use serde::Serialize;
+use shoal_proto::{EngineKind, EngineLoad, LoadCounts};
 
 use crate::identity::Incarnation;
 
-/// In-flight values of one slot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Inflight {
-    /// Requests in flight.
-    pub requests: u64,
-    /// Token-work in flight.
-    pub tokens: u64,
-    /// Prompt tokens waiting for their first response byte.
-    pub pending_prefill: u64,
+/// How far ahead of this replica's wall clock a peer's poll time may be
+/// before it is clamped. NTP keeps real clusters within milliseconds; a
+/// second leaves room for a bad host without letting it freeze snapshots.
+pub const MAX_CLOCK_SKEW_MS: u64 = 1_000;
+
+/// A claimed poll time as this replica stores it: no later than its wall
+/// clock `unix_ms` plus [`MAX_CLOCK_SKEW_MS`].
+pub fn clamp_poll_time(claimed_ms: u64, unix_ms: u64) -> u64 {
+    claimed_ms.min(unix_ms.saturating_add(MAX_CLOCK_SKEW_MS))
 }
 
-impl Inflight {
-    fn add(&mut self, other: &Inflight) {
-        self.requests = self.requests.saturating_add(other.requests);
-        self.tokens = self.tokens.saturating_add(other.tokens);
-        self.pending_prefill = self.pending_prefill.saturating_add(other.pending_prefill);
-    }
+/// One incarnation's slot for one worker, as it sent it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotValue {
+    /// Its own counts.
+    pub counts: LoadCounts,
+    /// Poll time (ms) of the snapshot its `dispatched_since_poll` counts from.
+    pub basis_ms: u64,
 }
 
-/// The replicated part of a polled snapshot (poll time and poller are the
-/// register's marker).
+/// The replicated part of a polled snapshot.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SnapshotValue {
     /// Engine family.
     pub source: EngineKind,
     /// Validated signals.
     pub load: EngineLoad,
-    /// Fleet dispatched token-work at poll start.
-    pub dispatched_mark: u64,
+    /// Poll time as the poller claimed it (ms since the Unix epoch).
+    pub claimed_polled_at_ms: u64,
 }
 
-/// Marker of a snapshot register: `(poll time in ms, poller name)`.
-pub type SnapshotMarker = (u64, Arc<str>);
+/// The freshest snapshot of one worker as stored here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSnapshot {
+    /// What the poller sent.
+    pub value: SnapshotValue,
+    /// Who polled it (the authenticated sender, or this node).
+    pub poller: Arc<str>,
+    /// Its poll time after clamping (the register's order, with `poller`).
+    pub polled_at_ms: u64,
+    /// The poll instant on this replica's monotonic clock (see
+    /// [`crate::SnapshotView::taken_at`]).
+    pub taken_at: Instant,
+}
+
+/// The receiver's clocks at the moment it merges something.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// Monotonic now.
+    pub now: Instant,
+    /// Wall clock, ms since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+impl Clock {
+    /// The clocks now.
+    pub fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            unix_ms: crate::identity::unix_millis(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SlotRecord {
+    counts: LWWReg<LoadCounts, u64>,
+    /// Grows only: merged by maximum.
+    basis_ms: u64,
+    seen: Instant,
+}
+
+impl SlotRecord {
+    fn new(now: Instant) -> Self {
+        Self {
+            // Rounds start at 1, so any real slot reading replaces this.
+            counts: LWWReg {
+                val: LoadCounts::default(),
+                marker: 0,
+            },
+            basis_ms: 0,
+            seen: now,
+        }
+    }
+
+    fn value(&self) -> SlotValue {
+        SlotValue {
+            counts: self.counts.val,
+            basis_ms: self.basis_ms,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct PeerRecord {
+    slots: HashMap<Arc<str>, SlotRecord>,
+    /// Workers it polls, with when it last said so.
+    polls: HashMap<Arc<str>, Instant>,
+}
+
+/// Sizes of the state, for `/mesh/status` and the churn test.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StateFootprint {
+    /// Incarnations with any entry.
+    pub incarnations: usize,
+    /// (incarnation, worker) slot entries.
+    pub slot_entries: usize,
+    /// (incarnation, worker) polling entries.
+    pub poll_entries: usize,
+    /// Snapshot registers.
+    pub snapshots: usize,
+}
 
 /// The merged fleet state. See the module docs for the semantics.
 #[derive(Debug, Clone, Default)]
 pub struct FleetState {
-    slots: HashMap<Incarnation, HashMap<Arc<str>, LWWReg<Inflight, u64>>>,
-    dispatched: HashMap<Arc<str>, VClock<Incarnation>>,
-    snapshots: HashMap<Arc<str>, LWWReg<SnapshotValue, SnapshotMarker>>,
-    /// When each snapshot register last changed here (local, not merged).
-    learned: HashMap<Arc<str>, Instant>,
-}
-
-impl PartialEq for FleetState {
-    fn eq(&self, other: &Self) -> bool {
-        self.slots == other.slots
-            && self.dispatched == other.dispatched
-            && self.snapshots == other.snapshots
-    }
+    peers: HashMap<Incarnation, PeerRecord>,
+    snapshots: HashMap<Arc<str>, StoredSnapshot>,
+    /// Per worker, the newest poll time each poller claimed that is not
+    /// older than the stored snapshot: a displaced future-stamped snapshot
+    /// re-sent by anti-entropy is recognised, not clamped anew to win
+    /// again.
+    claims: HashMap<Arc<str>, HashMap<Arc<str>, u64>>,
 }
 
 impl FleetState {
@@ -97,149 +168,242 @@ impl FleetState {
         Self::default()
     }
 
-    /// Merges one slot reading of `from` for `worker`, taken at `round`.
-    /// Returns true if anything changed.
+    /// Merges `from`'s counts for `worker`, read in its round `round`.
+    /// Returns true if the value changed.
     pub fn apply_slot(
         &mut self,
         from: &Incarnation,
         worker: &Arc<str>,
         round: u64,
-        inflight: Inflight,
-        dispatched: u64,
+        counts: LoadCounts,
+        now: Instant,
     ) -> bool {
-        let mut changed = false;
-        let slots = self.slots.entry(from.clone()).or_default();
-        match slots.get_mut(worker) {
-            Some(reg) => {
-                if reg.marker < round {
-                    changed |= reg.val != inflight;
-                    reg.update(inflight, round);
-                }
-            }
-            None => {
-                slots.insert(
-                    worker.clone(),
-                    LWWReg {
-                        val: inflight,
-                        marker: round,
-                    },
-                );
-                changed = true;
-            }
+        let record = self.record(from, worker, now);
+        if record.counts.marker >= round {
+            return false;
         }
-        let clock = self.dispatched.entry(worker.clone()).or_default();
-        if clock.get(from) < dispatched {
-            clock.apply(Dot::new(from.clone(), dispatched));
-            changed = true;
-        }
+        record.seen = now;
+        let changed = record.counts.val != counts;
+        record.counts.merge(LWWReg {
+            val: counts,
+            marker: round,
+        });
         changed
     }
 
-    /// Merges a snapshot polled by `marker.1` at `marker.0`. Returns true if
-    /// it became the freshest one for `worker`.
+    /// Merges which snapshot `from`'s work since the poll on `worker`
+    /// counts from (the largest poll time wins). Returns true if it moved.
+    pub fn apply_basis(
+        &mut self,
+        from: &Incarnation,
+        worker: &Arc<str>,
+        basis_ms: u64,
+        now: Instant,
+    ) -> bool {
+        let record = self.record(from, worker, now);
+        record.seen = now;
+        let moved = basis_ms > record.basis_ms;
+        record.basis_ms = record.basis_ms.max(basis_ms);
+        moved
+    }
+
+    fn record(&mut self, from: &Incarnation, worker: &Arc<str>, now: Instant) -> &mut SlotRecord {
+        self.peers
+            .entry(from.clone())
+            .or_default()
+            .slots
+            .entry(worker.clone())
+            .or_insert_with(|| SlotRecord::new(now))
+    }
+
+    /// Records whether `from` polls `worker`. Returns true if that changed.
+    pub fn apply_polls(
+        &mut self,
+        from: &Incarnation,
+        worker: &Arc<str>,
+        polled: bool,
+        now: Instant,
+    ) -> bool {
+        let polls = &mut self.peers.entry(from.clone()).or_default().polls;
+        if polled {
+            polls.insert(worker.clone(), now).is_none()
+        } else {
+            polls.remove(worker).is_some()
+        }
+    }
+
+    /// Merges a snapshot of `worker` polled by `poller`. Returns the
+    /// clamped poll time if it became the freshest one.
     pub fn apply_snapshot(
         &mut self,
         worker: &Arc<str>,
         value: SnapshotValue,
-        marker: SnapshotMarker,
-    ) -> bool {
-        let won = match self.snapshots.get_mut(worker) {
-            Some(reg) if reg.marker >= marker => false,
-            Some(reg) => {
-                reg.update(value, marker);
-                true
-            }
-            None => {
-                self.snapshots
-                    .insert(worker.clone(), LWWReg { val: value, marker });
-                true
-            }
-        };
-        if won {
-            self.learned.insert(worker.clone(), Instant::now());
+        poller: &Arc<str>,
+        clock: Clock,
+    ) -> Option<u64> {
+        let polled_at_ms = clamp_poll_time(value.claimed_polled_at_ms, clock.unix_ms);
+        let claims = self.claims.entry(worker.clone()).or_default();
+        if claims
+            .get(poller)
+            .is_some_and(|&seen| seen >= value.claimed_polled_at_ms)
+        {
+            return None;
         }
-        won
+        claims.insert(poller.clone(), value.claimed_polled_at_ms);
+        if let Some(stored) = self.snapshots.get(worker) {
+            let resent = stored.poller == *poller
+                && stored.value.claimed_polled_at_ms == value.claimed_polled_at_ms;
+            // Two polls clamped to the same time still order by what the
+            // poller claimed, so every delivery order picks the same one.
+            let older = (
+                stored.polled_at_ms,
+                &stored.poller,
+                stored.value.claimed_polled_at_ms,
+            ) >= (polled_at_ms, poller, value.claimed_polled_at_ms);
+            if resent || older {
+                return None;
+            }
+        }
+        // Claims older than the new winner would lose the order anyway.
+        claims.retain(|_, claimed| *claimed >= polled_at_ms);
+        let age = Duration::from_millis(clock.unix_ms.saturating_sub(polled_at_ms));
+        let taken_at = clock.now.checked_sub(age).unwrap_or(clock.now);
+        self.snapshots.insert(
+            worker.clone(),
+            StoredSnapshot {
+                value,
+                poller: poller.clone(),
+                polled_at_ms,
+                taken_at,
+            },
+        );
+        Some(polled_at_ms)
     }
 
-    /// Joins `other` into `self` (commutative, associative, idempotent).
-    pub fn merge(&mut self, other: &FleetState) {
-        for (inc, slots) in &other.slots {
-            let mine = self.slots.entry(inc.clone()).or_default();
-            for (worker, reg) in slots {
-                match mine.get_mut(worker) {
-                    Some(m) => m.merge(reg.clone()),
-                    None => {
-                        mine.insert(worker.clone(), reg.clone());
-                    }
-                }
-            }
-        }
-        for (worker, clock) in &other.dispatched {
-            self.dispatched
-                .entry(worker.clone())
-                .or_default()
-                .merge(clock.clone());
-        }
-        for (worker, reg) in &other.snapshots {
-            let value = reg.val;
-            self.apply_snapshot(worker, value, reg.marker.clone());
-        }
-    }
-
-    /// In-flight sum over the incarnations `counted` says are live.
-    pub fn inflight(&self, worker: &str, counted: &HashSet<Incarnation>) -> Inflight {
-        let mut sum = Inflight::default();
+    /// The sum of the slots of the incarnations `counted` says are live.
+    pub fn sum(&self, worker: &str, counted: &HashSet<Incarnation>) -> LoadCounts {
+        let mut sum = LoadCounts::default();
         for inc in counted {
-            if let Some(reg) = self.slots.get(inc).and_then(|s| s.get(worker)) {
-                sum.add(&reg.val);
+            if let Some(value) = self.slot(inc, worker) {
+                sum += value.counts;
             }
         }
         sum
     }
 
-    /// In-flight values of one incarnation's slot, if known.
-    pub fn slot(&self, inc: &Incarnation, worker: &str) -> Option<Inflight> {
-        self.slots.get(inc)?.get(worker).map(|r| r.val)
+    /// Names of the counted incarnations that poll `worker`, sorted.
+    pub fn pollers(&self, worker: &str, counted: &HashSet<Incarnation>) -> Vec<Arc<str>> {
+        let mut names: Vec<Arc<str>> = self
+            .polling(worker, counted)
+            .map(|inc| inc.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
-    /// Dispatched token-work of every incarnation ever seen for `worker`.
-    pub fn dispatched(&self, worker: &str) -> u64 {
-        self.dispatched
-            .get(worker)
-            .map(|c| c.dots.values().fold(0u64, |a, b| a.saturating_add(*b)))
-            .unwrap_or(0)
-    }
-
-    /// The freshest snapshot of `worker`, its marker and when it was learned.
-    pub fn snapshot(&self, worker: &str) -> Option<(SnapshotValue, &SnapshotMarker, Instant)> {
-        let reg = self.snapshots.get(worker)?;
-        let learned = self
-            .learned
-            .get(worker)
-            .copied()
-            .unwrap_or_else(Instant::now);
-        Some((reg.val, &reg.marker, learned))
-    }
-
-    /// Drops the in-flight slots of a long-dead incarnation. Its dispatched
-    /// entries stay (see the module docs).
-    pub fn forget(&mut self, inc: &Incarnation) {
-        self.slots.remove(inc);
-    }
-
-    /// Incarnations that have in-flight slots here.
-    pub fn incarnations(&self) -> impl Iterator<Item = &Incarnation> {
-        self.slots.keys()
-    }
-
-    /// Every worker key the state mentions.
-    pub fn workers(&self) -> HashSet<Arc<str>> {
-        let mut keys: HashSet<Arc<str>> = self.dispatched.keys().cloned().collect();
-        keys.extend(self.snapshots.keys().cloned());
-        for slots in self.slots.values() {
-            keys.extend(slots.keys().cloned());
+    /// True when [`FleetState::pollers`] would return `current` (checked
+    /// without allocating: the merge runs this for every touched worker).
+    pub fn pollers_are(
+        &self,
+        worker: &str,
+        counted: &HashSet<Incarnation>,
+        current: &[Arc<str>],
+    ) -> bool {
+        let mut n = 0;
+        for inc in self.polling(worker, counted) {
+            if current.binary_search(&inc.name).is_err() {
+                return false;
+            }
+            n += 1;
         }
-        keys
+        // Counted incarnations have distinct names (one per name counts).
+        n == current.len()
+    }
+
+    fn polling<'a>(
+        &'a self,
+        worker: &'a str,
+        counted: &'a HashSet<Incarnation>,
+    ) -> impl Iterator<Item = &'a Incarnation> + 'a {
+        counted.iter().filter(move |inc| {
+            self.peers
+                .get(*inc)
+                .is_some_and(|p| p.polls.contains_key(worker))
+        })
+    }
+
+    /// One incarnation's slot, if known.
+    pub fn slot(&self, inc: &Incarnation, worker: &str) -> Option<SlotValue> {
+        self.peers
+            .get(inc)?
+            .slots
+            .get(worker)
+            .map(SlotRecord::value)
+    }
+
+    /// The freshest snapshot of `worker`.
+    pub fn snapshot(&self, worker: &str) -> Option<&StoredSnapshot> {
+        self.snapshots.get(worker)
+    }
+
+    /// Drops everything a dead incarnation sent.
+    pub fn forget(&mut self, inc: &Incarnation) {
+        self.peers.remove(inc);
+    }
+
+    /// Drops slot and polling entries not refreshed for `after` (their
+    /// sender stopped sending them: it forgot the worker). Returns the
+    /// workers whose entries went.
+    pub fn expire_idle(&mut self, now: Instant, after: Duration) -> Vec<Arc<str>> {
+        let mut gone = Vec::new();
+        for peer in self.peers.values_mut() {
+            peer.slots.retain(|worker, record| {
+                let keep = now.saturating_duration_since(record.seen) < after;
+                if !keep {
+                    gone.push(worker.clone());
+                }
+                keep
+            });
+            peer.polls.retain(|worker, seen| {
+                let keep = now.saturating_duration_since(*seen) < after;
+                if !keep {
+                    gone.push(worker.clone());
+                }
+                keep
+            });
+        }
+        self.peers
+            .retain(|_, p| !p.slots.is_empty() || !p.polls.is_empty());
+        gone
+    }
+
+    /// True when any incarnation's entry names `worker`.
+    pub fn mentions(&self, worker: &str) -> bool {
+        self.peers
+            .values()
+            .any(|p| p.slots.contains_key(worker) || p.polls.contains_key(worker))
+    }
+
+    /// Drops the snapshot of a worker this node forgot.
+    pub fn remove_snapshot(&mut self, worker: &str) {
+        self.snapshots.remove(worker);
+        self.claims.remove(worker);
+    }
+
+    /// Incarnations with entries here.
+    pub fn incarnations(&self) -> impl Iterator<Item = &Incarnation> {
+        self.peers.keys()
+    }
+
+    /// How much is stored.
+    pub fn footprint(&self) -> StateFootprint {
+        StateFootprint {
+            incarnations: self.peers.len(),
+            slot_entries: self.peers.values().map(|p| p.slots.len()).sum(),
+            poll_entries: self.peers.values().map(|p| p.polls.len()).sum(),
+            snapshots: self.snapshots.len(),
+        }
     }
 }
 

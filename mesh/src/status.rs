@@ -1,16 +1,22 @@
 //! The serde view behind `/mesh/status`: this node, every member it knows
-//! of, per-worker fleet totals with each replica's share, snapshot sources
-//! and poll owners, and the traffic counters.
+//! of, per-worker fleet totals with each replica incarnation's share
+//! (including the work since the poll it contributes, and the snapshot it
+//! counts from), snapshot sources and poll owners, the traffic counters and
+//! the footprint of what the node keeps.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
-use shoal_proto::EngineKind;
+use shoal_proto::{EngineKind, LoadCounts};
 
-use crate::core::Core;
+use crate::core::{Core, Tables};
+use crate::housekeeping::stale_basis_tokens;
 use crate::identity::Incarnation;
 use crate::ownership;
+use crate::slot::{WorkerEntry, WorkerSlot};
+use crate::state::StateFootprint;
 use crate::telemetry::TrafficStatus;
 
 /// Everything `/mesh/status` shows.
@@ -32,6 +38,8 @@ pub struct MeshStatus {
     pub workers: Vec<WorkerStatus>,
     /// Frames, bytes and convergence lag.
     pub traffic: TrafficStatus,
+    /// How much this node keeps (bounded by the live fleet).
+    pub footprint: Footprint,
 }
 
 /// One other incarnation as this node sees it.
@@ -67,17 +75,18 @@ pub struct MemberStatus {
     pub link_addr: Option<String>,
 }
 
-/// One replica's share of a worker's in-flight load.
+/// One replica incarnation's own counts for a worker: what it contributes
+/// to the fleet sums, so an operator can see who disagrees.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplicaShare {
     /// `name#generation`.
     pub replica: String,
-    /// Requests in flight.
-    pub requests: u64,
-    /// Token-work in flight.
-    pub tokens: u64,
-    /// Prompt tokens awaiting a first byte.
-    pub pending_prefill: u64,
+    /// Its own counts (in flight, and work since the snapshot it counts
+    /// from), as JSON fields of the share itself.
+    #[serde(flatten)]
+    pub counts: LoadCounts,
+    /// Poll time (ms) of that snapshot; 0 before its first.
+    pub basis_polled_at_unix_ms: u64,
 }
 
 /// The freshest snapshot of a worker.
@@ -87,12 +96,13 @@ pub struct SnapshotStatus {
     pub source: EngineKind,
     /// Replica that polled it.
     pub poller: String,
-    /// Poll time, ms since the Unix epoch.
+    /// Poll time, ms since the Unix epoch, as stored (clamped to this
+    /// replica's clock plus the skew bound).
     pub polled_at_unix_ms: u64,
-    /// Since this node learned it, ms.
+    /// Poll time as the poller claimed it.
+    pub claimed_polled_at_unix_ms: u64,
+    /// Age of the engine's numbers, ms, measured from the poll time.
     pub age_ms: u64,
-    /// Fleet dispatched token-work at poll start.
-    pub dispatched_mark: u64,
 }
 
 /// Fleet view of one worker.
@@ -106,100 +116,151 @@ pub struct WorkerStatus {
     pub inflight_tokens: u64,
     /// Fleet pending prefill tokens.
     pub pending_prefill_tokens: u64,
-    /// Fleet dispatched token-work.
-    pub dispatched_total: u64,
-    /// Dispatched since the freshest snapshot's poll.
+    /// Fleet token-work routed since the engine's last report: the sum of
+    /// every counted incarnation's own count (the shares).
     pub dispatched_since_poll: u64,
+    /// Part of that counted from an older snapshot than the freshest here
+    /// (transient; lasting means replicas disagree).
+    pub stale_basis_tokens: u64,
     /// Each counted replica's share, this node first.
     pub shares: Vec<ReplicaShare>,
     /// Freshest snapshot, if any.
     pub snapshot: Option<SnapshotStatus>,
-    /// Poll owner.
+    /// Poll owner among the replicas that poll it.
     pub owner: Option<String>,
+    /// Replicas that poll it (this node included if it does), sorted.
+    pub pollers: Vec<String>,
+}
+
+/// How much a node keeps; every number follows the live fleet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    /// Worker keys in the registry.
+    pub worker_keys: usize,
+    /// Wire ids handed out (ids are reused, so this tracks the peak).
+    pub wire_ids: u32,
+    /// Entries of the CRDT state.
+    pub state: StateFootprint,
+    /// Incarnations gossip lists (chitchat forgets the dead after its grace).
+    pub gossip_members: usize,
+    /// Verified load links.
+    pub links: usize,
+    /// Incarnations that said goodbye, not yet forgotten.
+    pub left: usize,
+    /// Incarnations not counted, waiting to be forgotten.
+    pub dead: usize,
+    /// Worker keys waiting to be forgotten.
+    pub idle_keys: usize,
+    /// Per-worker own poll times kept.
+    pub own_poll_times: usize,
 }
 
 fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+fn footprint_of(core: &Core, tables: &Tables) -> Footprint {
+    let (worker_keys, wire_ids) = core.registry.sizes();
+    Footprint {
+        worker_keys,
+        wire_ids,
+        state: tables.state.footprint(),
+        gossip_members: tables.gossip.len(),
+        links: tables.links.len(),
+        left: tables.left.len(),
+        dead: tables.dead_since.len(),
+        idle_keys: tables.idle_keys.len(),
+        own_poll_times: tables.own_polled_at.len(),
+    }
+}
+
+pub(crate) fn footprint(core: &Core) -> Footprint {
+    let tables = core.tables();
+    footprint_of(core, &tables)
+}
+
+fn worker_status(
+    core: &Core,
+    tables: &Tables,
+    counted: &[&Incarnation],
+    entry: &Arc<WorkerEntry>,
+) -> WorkerStatus {
+    let slot = WorkerSlot {
+        entry: entry.clone(),
+    };
+    let fleet = slot.fleet();
+    let mut shares = vec![ReplicaShare {
+        replica: core.me.to_string(),
+        counts: slot.own(),
+        basis_polled_at_unix_ms: slot.basis_polled_at_unix_ms(),
+    }];
+    for inc in counted {
+        if let Some(s) = tables.state.slot(inc, &entry.key) {
+            shares.push(ReplicaShare {
+                replica: inc.to_string(),
+                counts: s.counts,
+                basis_polled_at_unix_ms: s.basis_ms,
+            });
+        }
+    }
+    let now = Instant::now();
+    let snapshot = tables.state.snapshot(&entry.key).map(|s| SnapshotStatus {
+        source: s.value.source,
+        poller: s.poller.to_string(),
+        polled_at_unix_ms: s.polled_at_ms,
+        claimed_polled_at_unix_ms: s.value.claimed_polled_at_ms,
+        age_ms: ms(now.saturating_duration_since(s.taken_at)),
+    });
+    let pollers = entry.pollers(&core.me.name);
+    WorkerStatus {
+        worker: entry.key.to_string(),
+        inflight_requests: fleet.counts.requests,
+        inflight_tokens: fleet.counts.tokens,
+        pending_prefill_tokens: fleet.counts.pending_prefill,
+        dispatched_since_poll: fleet.counts.dispatched_since_poll,
+        stale_basis_tokens: stale_basis_tokens(tables, &core.me, entry),
+        shares,
+        snapshot,
+        owner: ownership::owner(&pollers, &entry.key).map(|o| o.to_string()),
+        pollers: pollers.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
 pub(crate) fn build(core: &Core, gossip_addr: String, quic_addr: String) -> MeshStatus {
-    let owners = core.owners.load_full();
     let entries = core.registry.list();
-    let book = core.book();
-    let known: BTreeSet<&Incarnation> = book.gossip.keys().chain(book.links.keys()).collect();
+    let tables = core.tables();
+    let known: BTreeSet<&Incarnation> = tables.gossip.keys().chain(tables.links.keys()).collect();
     let members = known
         .into_iter()
         .map(|inc| {
-            let g = book.gossip.get(inc);
-            let link = book.links.get(inc);
+            let g = tables.gossip.get(inc);
+            let link = tables.links.get(inc);
             MemberStatus {
                 name: inc.name.to_string(),
                 generation: inc.generation,
                 live: g.is_some_and(|g| g.live),
                 verified: link.is_some(),
-                counted: book.counted.contains(inc),
-                left: book.left.contains(inc),
+                counted: tables.counted.contains(inc),
+                left: tables.left.contains(inc),
                 readiness: g.and_then(|g| g.readiness.clone()),
                 version: g.and_then(|g| g.version.clone()),
                 gossip_addr: g.map(|g| g.gossip_addr.to_string()),
                 quic_addr: g.and_then(|g| g.quic_addr.map(|a| a.to_string())),
                 http_addr: g.and_then(|g| g.http_addr.clone()),
-                last_heartbeat_age_ms: book.heartbeat_seen.get(inc).map(|t| ms(t.elapsed())),
+                last_heartbeat_age_ms: tables.heartbeat_seen.get(inc).map(|t| ms(t.elapsed())),
                 last_frame_age_ms: link.map(|l| ms(l.last_frame.elapsed())),
                 link_addr: link.map(|l| l.remote.to_string()),
             }
         })
         .collect();
-    let mut counted: Vec<&Incarnation> = book.counted.iter().collect();
+    let mut counted: Vec<&Incarnation> = tables.counted.iter().collect();
     counted.sort();
     let workers = entries
         .iter()
-        .map(|entry| {
-            let slot = crate::slot::WorkerSlot {
-                entry: entry.clone(),
-            };
-            let fleet = slot.fleet();
-            let own = slot.own();
-            let mut shares = vec![ReplicaShare {
-                replica: core.me.to_string(),
-                requests: own.requests,
-                tokens: own.tokens,
-                pending_prefill: own.pending_prefill,
-            }];
-            for inc in &counted {
-                if let Some(s) = book.state.slot(inc, &entry.key) {
-                    shares.push(ReplicaShare {
-                        replica: inc.to_string(),
-                        requests: s.requests,
-                        tokens: s.tokens,
-                        pending_prefill: s.pending_prefill,
-                    });
-                }
-            }
-            let snapshot = book
-                .state
-                .snapshot(&entry.key)
-                .map(|(value, marker, learned)| SnapshotStatus {
-                    source: value.source,
-                    poller: marker.1.to_string(),
-                    polled_at_unix_ms: marker.0,
-                    age_ms: ms(learned.elapsed()),
-                    dispatched_mark: value.dispatched_mark,
-                });
-            WorkerStatus {
-                worker: entry.key.to_string(),
-                inflight_requests: fleet.inflight_requests,
-                inflight_tokens: fleet.inflight_tokens,
-                pending_prefill_tokens: fleet.pending_prefill_tokens,
-                dispatched_total: fleet.dispatched_total,
-                dispatched_since_poll: fleet.dispatched_since_poll(),
-                shares,
-                snapshot,
-                owner: ownership::owner(&owners, &entry.key).map(|o: &Arc<str>| o.to_string()),
-            }
-        })
+        .map(|entry| worker_status(core, &tables, &counted, entry))
         .collect();
-    drop(book);
+    let footprint = footprint_of(core, &tables);
+    drop(tables);
     MeshStatus {
         node: core.me.name.to_string(),
         generation: core.me.generation,
@@ -209,5 +270,6 @@ pub(crate) fn build(core: &Core, gossip_addr: String, quic_addr: String) -> Mesh
         members,
         workers,
         traffic: core.telemetry.status(),
+        footprint,
     }
 }

@@ -109,6 +109,24 @@ impl Telemetry {
         }
     }
 
+    /// A peer's snapshot claimed a poll time past this clock plus the skew
+    /// bound (its clock runs ahead, or it lies): stored clamped.
+    pub(crate) fn clamped_poll_time(&self) {
+        metrics::counter!("shoal_mesh_poll_times_clamped_total").increment(1);
+    }
+
+    /// A peer's snapshot arrived later than the own dispatch history
+    /// reaches: the own count keeps its older base (an over-estimate).
+    pub(crate) fn rebase_history_short(&self) {
+        metrics::counter!("shoal_mesh_rebase_history_short_total").increment(1);
+    }
+
+    /// The largest cross-replica disagreement on work since the poll this
+    /// replica can see, over all workers (see `housekeeping`).
+    pub(crate) fn stale_basis(&self, tokens: u64) {
+        metrics::gauge!("shoal_mesh_stale_basis_tokens").set(tokens as f64);
+    }
+
     pub(crate) fn membership(&self, members: usize, connected: usize) {
         metrics::gauge!("shoal_mesh_members").set(members as f64);
         metrics::gauge!("shoal_mesh_peers_connected").set(connected as f64);
@@ -197,6 +215,18 @@ pub fn describe_metrics() {
         "shoal_mesh_link_wire_bytes_total",
         Unit::Bytes,
         "UDP bytes of this replica's outbound QUIC load links, QUIC overhead included."
+    );
+    describe_counter!(
+        "shoal_mesh_poll_times_clamped_total",
+        "Peer snapshots whose poll time was ahead of this clock by more than the skew bound."
+    );
+    describe_counter!(
+        "shoal_mesh_rebase_history_short_total",
+        "Peer snapshots learned later than this replica's dispatch history reaches back."
+    );
+    describe_gauge!(
+        "shoal_mesh_stale_basis_tokens",
+        "Largest per-worker work-since-poll that peers count from an older snapshot than this replica's: how far replicas disagree on dispatched_since_poll."
     );
     describe_histogram!(
         "shoal_mesh_convergence_lag_seconds",

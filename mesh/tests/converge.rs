@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Ca, cluster, wait_for_full_mesh, wait_until};
-use shoal_mesh::proto::{EngineKind, EngineLoad, LoadSnapshot};
+use shoal_mesh::proto::{EngineKind, EngineLoad};
 
 #[test]
 fn four_nodes_converge_to_identical_totals() {
@@ -45,10 +45,10 @@ fn four_nodes_converge_to_identical_totals() {
         nodes.iter().all(|node| {
             workers.iter().enumerate().all(|(w, key)| {
                 let f = node.mesh().worker(key).fleet();
-                f.inflight_requests == req[w]
-                    && f.inflight_tokens == tok[w]
-                    && f.pending_prefill_tokens == pre[w]
-                    && f.dispatched_total == disp[w]
+                f.counts.requests == req[w]
+                    && f.counts.tokens == tok[w]
+                    && f.counts.pending_prefill == pre[w]
+                    && f.counts.dispatched_since_poll == disp[w]
             })
         })
     };
@@ -57,7 +57,8 @@ fn four_nodes_converge_to_identical_totals() {
         "totals did not converge"
     );
 
-    // Releasing everything converges to zero in flight, dispatched kept.
+    // Releasing everything converges to zero in flight; the work since the
+    // (not yet taken) poll stays until an engine reports it.
     drop(bookings);
     let zero = vec![0u64; 6];
     assert!(
@@ -65,7 +66,28 @@ fn four_nodes_converge_to_identical_totals() {
         "release did not converge"
     );
 
-    // A snapshot polled by one node reaches all with its mark and poller.
+    // Every node polls every worker: owners agree and one owns each.
+    let slots: Vec<_> = nodes
+        .iter()
+        .flat_map(|n| workers.iter().map(|k| n.mesh().worker(k)))
+        .collect();
+    for s in &slots {
+        s.set_polled(true);
+    }
+    for key in &workers {
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                let owners: Vec<Option<String>> =
+                    nodes.iter().map(|n| n.mesh().owner(key)).collect();
+                owners[0].is_some() && owners.iter().all(|o| *o == owners[0])
+            }),
+            "owners of {key} differ"
+        );
+        assert_eq!(nodes.iter().filter(|n| n.mesh().owns(key)).count(), 1);
+    }
+
+    // A snapshot polled by one node reaches all with its poller, and every
+    // node counts its own work from the poll on: only what came after.
     let owner_name = nodes[0].mesh().owner(&workers[0]).unwrap();
     let poller = nodes
         .iter()
@@ -73,18 +95,13 @@ fn four_nodes_converge_to_identical_totals() {
         .unwrap();
     let slot = poller.mesh().worker(&workers[0]);
     let stamp = slot.poll_stamp();
-    assert_eq!(stamp.dispatched_mark, disp[0]);
     poller.mesh().publish_snapshot(
         &slot,
-        &LoadSnapshot {
-            source: EngineKind::Vllm,
-            load: EngineLoad {
-                token_usage: Some(0.42),
-                ..EngineLoad::default()
-            },
-            polled_at_unix_ms: stamp.polled_at_unix_ms,
-            poller: "ignored".into(),
-            dispatched_mark: stamp.dispatched_mark,
+        &stamp,
+        EngineKind::Vllm,
+        EngineLoad {
+            token_usage: Some(0.42),
+            ..EngineLoad::default()
         },
     );
     let _extra = nodes[3].mesh().worker(&workers[0]).book(5, 50);
@@ -92,7 +109,7 @@ fn four_nodes_converge_to_identical_totals() {
         nodes.iter().all(|n| {
             let f = n.mesh().worker(&workers[0]).fleet();
             f.snapshot.is_some_and(|s| s.load.token_usage == Some(0.42))
-                && f.dispatched_since_poll() == 50
+                && f.counts.dispatched_since_poll == 50
         })
     }));
     let status = nodes[1].mesh().status();
@@ -112,15 +129,6 @@ fn four_nodes_converge_to_identical_totals() {
     );
     assert!(status.traffic.frames_received > 0);
 
-    // Every node agrees on each worker's owner, and exactly one owns it.
-    for key in &workers {
-        let owners: Vec<String> = nodes.iter().map(|n| n.mesh().owner(key).unwrap()).collect();
-        assert!(
-            owners.iter().all(|o| *o == owners[0]),
-            "owners differ: {owners:?}"
-        );
-        assert_eq!(nodes.iter().filter(|n| n.mesh().owns(key)).count(), 1);
-    }
     serde_json::to_string(&status).unwrap();
 }
 
@@ -139,6 +147,71 @@ fn dns_seed_joins_the_cluster() {
     ));
     let _b = second.mesh().worker("http://x:1").book(3, 30);
     assert!(wait_until(Duration::from_secs(5), || {
-        first.mesh().worker("http://x:1").fleet().inflight_tokens == 30
+        first.mesh().worker("http://x:1").fleet().counts.tokens == 30
+    }));
+}
+
+/// Poll ownership is computed among the replicas that poll a worker: a
+/// worker only one replica polls (added on it alone, or the others run
+/// with `--worker-load-source none`) is owned by that replica on every
+/// node, so it never goes dark waiting for an owner that will not poll.
+/// When a poller stops polling, ownership moves to the remaining ones.
+#[test]
+fn ownership_is_shared_only_among_pollers() {
+    let ca = Ca::new("ca");
+    let nodes = cluster(&ca, 3, |_| {});
+    let refs: Vec<&common::Node> = nodes.iter().collect();
+    assert!(wait_for_full_mesh(&refs, Duration::from_secs(10)));
+    let keys: Vec<String> = (0..30).map(|i| format!("http://solo{i}:8000")).collect();
+    // Only n1 polls them; n0 and n2 merely know the keys (they book).
+    let polled: Vec<_> = keys.iter().map(|k| nodes[1].mesh().worker(k)).collect();
+    for s in &polled {
+        s.set_polled(true);
+    }
+    let _known: Vec<_> = keys
+        .iter()
+        .flat_map(|k| [nodes[0].mesh().worker(k), nodes[2].mesh().worker(k)])
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            keys.iter().all(|k| {
+                nodes
+                    .iter()
+                    .all(|n| n.mesh().owner(k).as_deref() == Some("n1"))
+            })
+        }),
+        "a worker polled by n1 alone is not owned by n1 everywhere"
+    );
+    assert!(keys.iter().all(|k| nodes[1].mesh().owns(k)));
+    assert!(keys.iter().all(|k| !nodes[0].mesh().owns(k)));
+    // n2 starts polling half of them: those split between n1 and n2.
+    for k in &keys[..15] {
+        nodes[2].mesh().worker(k).set_polled(true);
+    }
+    assert!(wait_until(Duration::from_secs(5), || {
+        keys[..15].iter().all(|k| {
+            let o: Vec<Option<String>> = nodes.iter().map(|n| n.mesh().owner(k)).collect();
+            o.iter().all(|x| *x == o[0]) && o[0].as_deref() != Some("n0")
+        })
+    }));
+    let n2_owns = keys[..15]
+        .iter()
+        .filter(|k| nodes[2].mesh().owns(k))
+        .count();
+    assert!(
+        n2_owns > 0 && n2_owns < 15,
+        "rendezvous split: {n2_owns}/15"
+    );
+    // n1 stops polling: n2 owns its half, nobody owns the rest.
+    for s in &polled {
+        s.set_polled(false);
+    }
+    assert!(wait_until(Duration::from_secs(5), || {
+        keys[..15]
+            .iter()
+            .all(|k| nodes[0].mesh().owner(k).as_deref() == Some("n2"))
+            && keys[15..]
+                .iter()
+                .all(|k| nodes[0].mesh().owner(k).is_none())
     }));
 }

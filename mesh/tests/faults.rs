@@ -76,7 +76,8 @@ fn dropped_duplicated_reordered_frames_still_converge() {
         nodes.iter().all(|node| {
             workers.iter().enumerate().all(|(w, key)| {
                 let f = node.mesh().worker(key).fleet();
-                f.inflight_requests == expected[w].0 && f.dispatched_total == expected[w].1
+                f.counts.requests == expected[w].0
+                    && f.counts.dispatched_since_poll == expected[w].1
             })
         })
     });
@@ -84,7 +85,9 @@ fn dropped_duplicated_reordered_frames_still_converge() {
         for (n, node) in nodes.iter().enumerate() {
             for (w, key) in workers.iter().enumerate() {
                 let f = node.mesh().worker(key).fleet();
-                if f.inflight_requests != expected[w].0 || f.dispatched_total != expected[w].1 {
+                if f.counts.requests != expected[w].0
+                    || f.counts.dispatched_since_poll != expected[w].1
+                {
                     eprintln!("node {n} worker {w}: {f:?} expected {:?}", expected[w]);
                 }
             }

@@ -25,6 +25,6 @@ proptest! {
             // Only a valid current-version frame may come out.
             prop_assert!(matches!(frame, Frame::Bye | Frame::Hello(_) | Frame::Update(_)));
         }
-        prop_assert_eq!(FRAME_VERSION, 1);
+        prop_assert_eq!(FRAME_VERSION, 2);
     }
 }

@@ -38,7 +38,7 @@ fn view(node: &Node) -> View {
             let f = m.worker(w).fleet();
             (
                 w.to_string(),
-                (m.owner(w), f.inflight_requests, f.inflight_tokens),
+                (m.owner(w), f.counts.requests, f.counts.tokens),
             )
         })
         .collect();
@@ -72,7 +72,9 @@ fn settled_cluster(ca: &Ca, n: usize) -> (Vec<Node>, Vec<mesh_slot::Held>) {
     let mut held = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         for (k, w) in WORKERS.iter().enumerate() {
-            held.push(node.mesh().worker(w).book(1, (10 * (i + 1) + k) as u64));
+            let slot = node.mesh().worker(w);
+            slot.set_polled(true);
+            held.push(slot.book(1, (10 * (i + 1) + k) as u64));
         }
     }
     let want = (n * WORKERS.len()) as u64;
@@ -80,9 +82,16 @@ fn settled_cluster(ca: &Ca, n: usize) -> (Vec<Node>, Vec<mesh_slot::Held>) {
         nodes.iter().all(|node| {
             WORKERS
                 .iter()
-                .map(|w| node.mesh().worker(w).fleet().inflight_requests)
+                .map(|w| node.mesh().worker(w).fleet().counts.requests)
                 .sum::<u64>()
                 == want
+        })
+    }));
+    // Every node polls every worker, so owners are spread and agreed on.
+    assert!(wait_until(Duration::from_secs(5), || {
+        WORKERS.iter().all(|w| {
+            let owners: Vec<Option<String>> = nodes.iter().map(|x| x.mesh().owner(w)).collect();
+            owners[0].is_some() && owners.iter().all(|o| *o == owners[0])
         })
     }));
     (nodes, held)
@@ -285,7 +294,7 @@ fn replayed_gossip_and_quic_datagrams_change_no_view() {
     let _a = n0.mesh().worker(WORKERS[0]).book(1, 10);
     let b = n1.mesh().worker(WORKERS[0]).book(2, 20);
     assert!(wait_until(Duration::from_secs(5), || {
-        n0.mesh().worker(WORKERS[0]).fleet().inflight_requests == 2
+        n0.mesh().worker(WORKERS[0]).fleet().counts.requests == 2
     }));
     std::thread::sleep(Duration::from_millis(500));
     let gossip = gossip_relay.captured();
@@ -314,7 +323,7 @@ fn replayed_gossip_and_quic_datagrams_change_no_view() {
     n1.crash();
     drop(b);
     assert!(wait_until(Duration::from_secs(10), || {
-        n0.mesh().worker(WORKERS[0]).fleet().inflight_requests == 1 && n0.mesh().members() == ["n0"]
+        n0.mesh().worker(WORKERS[0]).fleet().counts.requests == 1 && n0.mesh().members() == ["n0"]
     }));
     let after_crash = [view(&n0)];
     let replay_until = Instant::now() + Duration::from_secs(2);

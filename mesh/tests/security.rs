@@ -23,6 +23,9 @@ fn node_with_certificate_from_another_ca_changes_nothing() {
     let refs: Vec<&Node> = nodes.iter().collect();
     assert!(wait_for_full_mesh(&refs, Duration::from_secs(10)));
     let _a = nodes[0].mesh().worker(W).book(1, 10);
+    for n in &nodes {
+        n.mesh().worker(W).set_polled(true);
+    }
 
     let rogue_ca = Ca::new("rogue");
     let seed = nodes[0].mesh().gossip_addr();
@@ -44,19 +47,22 @@ fn node_with_certificate_from_another_ca_changes_nothing() {
     let untouched = !wait_until(Duration::from_millis(1500), || {
         nodes.iter().any(|n| {
             let f = n.mesh().worker(W).fleet();
-            f.inflight_requests != 1 || f.dispatched_total != 10
+            f.counts.requests != 1 || f.counts.dispatched_since_poll != 10
         })
     });
     assert!(untouched, "rogue load was counted");
     let status = nodes[0].mesh().status();
     let m = status.members.iter().find(|m| m.name == "n9").unwrap();
     assert!(!m.verified && !m.counted);
-    assert_eq!(rogue.mesh().worker(W).fleet().inflight_requests, 50);
+    assert_eq!(rogue.mesh().worker(W).fleet().counts.requests, 50);
     assert_eq!(
         nodes[0].mesh().members(),
         vec!["n0".to_string(), "n1".to_string()]
     );
-    assert!(nodes[1].mesh().owns(W) != nodes[0].mesh().owns(W));
+    assert!(wait_until(Duration::from_secs(5), || nodes[1]
+        .mesh()
+        .owns(W)
+        != nodes[0].mesh().owns(W)));
 }
 
 #[test]
@@ -74,7 +80,7 @@ fn certificate_naming_another_node_is_refused() {
     let untouched = !wait_until(Duration::from_millis(1500), || {
         nodes
             .iter()
-            .any(|n| n.mesh().worker(W).fleet().inflight_requests != 0)
+            .any(|n| n.mesh().worker(W).fleet().counts.requests != 0)
     });
     assert!(untouched);
     assert_eq!(nodes[0].mesh().members().len(), 2);
@@ -108,7 +114,7 @@ fn garbage_on_gossip_and_quic_ports_crashes_nothing() {
     // Still a healthy cluster.
     let _b = nodes[1].mesh().worker(W).book(1, 10);
     assert!(wait_until(Duration::from_secs(5), || {
-        nodes[0].mesh().worker(W).fleet().inflight_requests == 1
+        nodes[0].mesh().worker(W).fleet().counts.requests == 1
     }));
     assert_eq!(nodes[0].mesh().members().len(), 2);
 }
@@ -158,6 +164,6 @@ fn authenticated_junk_is_dropped_and_counted() {
     assert_eq!(nodes[0].mesh().members().len(), 2);
     let _b = nodes[1].mesh().worker(W).book(1, 10);
     assert!(wait_until(Duration::from_secs(5), || {
-        nodes[0].mesh().worker(W).fleet().inflight_requests == 1
+        nodes[0].mesh().worker(W).fleet().counts.requests == 1
     }));
 }

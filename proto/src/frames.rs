@@ -15,10 +15,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::counts::LoadCounts;
 use crate::load::{EngineKind, EngineLoad};
 
 /// Wire version of [`Envelope`]; bumped on any incompatible change.
-pub const FRAME_VERSION: u16 = 1;
+/// Version 2: slots carry work since the sender's known snapshot (not a
+/// lifetime total), key definitions say whether the sender polls the key.
+pub const FRAME_VERSION: u16 = 2;
 
 /// Largest frame body, in bytes, that a receiver accepts and decodes.
 pub const MAX_FRAME_BYTES: usize = 1 << 20;
@@ -72,6 +75,10 @@ pub struct Update {
     pub keys: Vec<KeyDef>,
     /// In-flight slots that changed (or all of them, in a full sync).
     pub slots: Vec<SlotEntry>,
+    /// Which snapshot each slot's `dispatched_since_poll` counts from,
+    /// where that changed (or all of them, in a full sync). Apart from the
+    /// slots because it changes once per poll, not once per booking.
+    pub bases: Vec<BasisEntry>,
     /// Snapshots this sender polled that its peer has not seen yet.
     pub snapshots: Vec<SnapshotEntry>,
 }
@@ -79,17 +86,25 @@ pub struct Update {
 impl Update {
     /// True when the frame carries no state (a pure heartbeat).
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && self.slots.is_empty() && self.snapshots.is_empty()
+        self.keys.is_empty()
+            && self.slots.is_empty()
+            && self.bases.is_empty()
+            && self.snapshots.is_empty()
     }
 }
 
-/// Binds a sender-local worker id to the worker's key (its base URL).
+/// Binds a sender-local worker id to the worker's key (its base URL), and
+/// says whether the sender polls that worker's load (poll ownership is
+/// shared only among the replicas that do). Sent before an id's first use,
+/// whenever the polling flag changes, and in every full sync.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyDef {
-    /// Sender-local id.
+    /// Sender-local id (ids of removed keys are reused after a new `KeyDef`).
     pub id: u32,
     /// Worker key.
     pub key: String,
+    /// The sender polls this worker's load endpoint.
+    pub polled: bool,
 }
 
 /// The sender's own slot for one worker, as absolute values.
@@ -97,14 +112,19 @@ pub struct KeyDef {
 pub struct SlotEntry {
     /// Sender-local worker id.
     pub id: u32,
-    /// Requests the sender has in flight on the worker.
-    pub requests: u64,
-    /// Token-work the sender has in flight on the worker.
-    pub tokens: u64,
-    /// Prompt tokens still waiting for their first response byte.
-    pub pending_prefill: u64,
-    /// Token-work the sender ever dispatched to the worker (grow-only).
-    pub dispatched: u64,
+    /// The sender's own counts; `dispatched_since_poll` is the work it
+    /// routed since the snapshot its latest [`BasisEntry`] names.
+    pub counts: LoadCounts,
+}
+
+/// The snapshot the sender's `dispatched_since_poll` for one worker counts
+/// from. Only grows, so receivers keep the largest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BasisEntry {
+    /// Sender-local worker id.
+    pub id: u32,
+    /// Poll time (ms, as the sender stored it) of that snapshot.
+    pub polled_at_unix_ms: u64,
 }
 
 /// A load snapshot the sender polled itself (the poller is the sender).
@@ -116,10 +136,9 @@ pub struct SnapshotEntry {
     pub source: EngineKind,
     /// The validated signals.
     pub load: EngineLoad,
-    /// Poll time, ms since the Unix epoch (the LWW order, with the poller).
+    /// Poll time, ms since the Unix epoch on the poller's clock (the LWW
+    /// order, with the poller; receivers clamp it to their own clock).
     pub polled_at_unix_ms: u64,
-    /// Fleet dispatched token-work for the worker when the poll started.
-    pub dispatched_mark: u64,
 }
 
 /// Why a frame was not accepted.
@@ -222,13 +241,20 @@ mod tests {
             keys: vec![KeyDef {
                 id: 0,
                 key: "http://w:1".into(),
+                polled: true,
             }],
             slots: vec![SlotEntry {
                 id: 0,
-                requests: 3,
-                tokens: 900,
-                pending_prefill: 300,
-                dispatched: 12_345,
+                counts: LoadCounts {
+                    requests: 3,
+                    tokens: 900,
+                    pending_prefill: 300,
+                    dispatched_since_poll: 1_345,
+                },
+            }],
+            bases: vec![BasisEntry {
+                id: 0,
+                polled_at_unix_ms: 1_699_999_999_700,
             }],
             snapshots: vec![SnapshotEntry {
                 id: 0,
@@ -238,7 +264,6 @@ mod tests {
                     ..EngineLoad::default()
                 },
                 polled_at_unix_ms: 1_700_000_000_000,
-                dispatched_mark: 12_000,
             }],
         })
     }
@@ -268,7 +293,10 @@ mod tests {
             frame: Frame::Bye,
         };
         let body = bincode::serde::encode_to_vec(&envelope, bincode::config::standard()).unwrap();
-        assert_eq!(decode(&body), Err(FrameError::UnknownVersion(2)));
+        assert_eq!(
+            decode(&body),
+            Err(FrameError::UnknownVersion(FRAME_VERSION + 1))
+        );
         let mut body = encode(&Frame::Bye).unwrap();
         body.push(0);
         assert!(matches!(decode(&body), Err(FrameError::Undecodable(_))));

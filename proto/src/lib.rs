@@ -4,7 +4,9 @@
 //! proto) so that the load a router polls from an engine, and later the frames
 //! replicas exchange, have one definition that both sides agree on.
 
+pub mod counts;
 pub mod frames;
 pub mod load;
 
+pub use counts::LoadCounts;
 pub use load::{EngineKind, EngineLoad, LoadSnapshot};

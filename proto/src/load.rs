@@ -53,6 +53,19 @@ pub struct EngineLoad {
 }
 
 impl EngineLoad {
+    /// The same load with every field checked again as at the engine edge:
+    /// a peer's numbers are untrusted (bincode carries NaN and 1e308 as
+    /// happily as real values), so they pass the same gate.
+    pub fn revalidated(self) -> Self {
+        EngineLoad {
+            token_usage: self.token_usage.and_then(valid_usage),
+            waiting_requests: self.waiting_requests.and_then(valid_exact_count),
+            queued_tokens: self.queued_tokens.and_then(valid_exact_count),
+            running_requests: self.running_requests.and_then(valid_exact_count),
+            gen_throughput: self.gen_throughput.and_then(valid_throughput),
+        }
+    }
+
     /// True when not a single signal survived validation.
     pub fn is_empty(&self) -> bool {
         self.token_usage.is_none()
@@ -77,6 +90,12 @@ pub fn valid_count(value: f64) -> Option<u64> {
     (value.is_finite() && (0.0..=MAX_EXACT).contains(&value)).then(|| value.round() as u64)
 }
 
+/// Accepts an integer count only if an engine could have reported it:
+/// at most 2^53, the range [`valid_count`] admits.
+fn valid_exact_count(value: u64) -> Option<u64> {
+    (value <= 1 << 53).then_some(value)
+}
+
 /// Accepts a throughput only if it is finite and strictly positive: a zero
 /// throughput would divide the expected-wait score by zero.
 pub fn valid_throughput(value: f64) -> Option<f64> {
@@ -85,9 +104,8 @@ pub fn valid_throughput(value: f64) -> Option<f64> {
 
 /// One poll's result for one worker, stamped with when and by whom it was
 /// taken. The mesh orders competing snapshots by `(polled_at_unix_ms, poller)`
-/// (last writer wins); `dispatched_mark` is the fleet's dispatched token-work
-/// for this worker at poll time, so any replica can compute the work routed
-/// since the engine last reported.
+/// (last writer wins, the poll time clamped by each receiver to its own
+/// clock plus a skew bound).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadSnapshot {
     /// Engine family the numbers were parsed from.
@@ -98,8 +116,6 @@ pub struct LoadSnapshot {
     pub polled_at_unix_ms: u64,
     /// Name of the replica that took the poll.
     pub poller: String,
-    /// Fleet dispatched token-work for this worker when the poll started.
-    pub dispatched_mark: u64,
 }
 
 #[cfg(test)]
@@ -128,6 +144,29 @@ mod tests {
     }
 
     #[test]
+    fn revalidation_drops_what_an_engine_could_not_report() {
+        let hostile = EngineLoad {
+            token_usage: Some(f64::NAN),
+            waiting_requests: Some(u64::MAX),
+            queued_tokens: Some(12),
+            running_requests: Some(3),
+            gen_throughput: Some(f64::INFINITY),
+        };
+        let clean = hostile.revalidated();
+        assert_eq!(clean.token_usage, None);
+        assert_eq!(clean.waiting_requests, None);
+        assert_eq!(clean.queued_tokens, Some(12));
+        assert_eq!(clean.running_requests, Some(3));
+        assert_eq!(clean.gen_throughput, None);
+        let fine = EngineLoad {
+            token_usage: Some(0.5),
+            gen_throughput: Some(10.0),
+            ..EngineLoad::default()
+        };
+        assert_eq!(fine.revalidated(), fine);
+    }
+
+    #[test]
     fn throughput_must_be_positive() {
         assert_eq!(valid_throughput(1842.55), Some(1842.55));
         assert_eq!(valid_throughput(0.0), None);
@@ -148,7 +187,6 @@ mod tests {
             },
             polled_at_unix_ms: 1_700_000_000_000,
             poller: "a".into(),
-            dispatched_mark: 42,
         };
         let text = serde_json::to_string(&snap).unwrap();
         assert!(text.contains("\"source\":\"vllm\""));

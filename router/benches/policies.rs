@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use divan::{Bencher, black_box};
-use shoal::fleet::{Booking, LocalFleet};
+use shoal::config::{BreakerConfig, CacheAwareConfig, LeastLoadConfig};
+use shoal::fleet::LocalFleet;
 use shoal::policy::{
-    CacheAwareConfig, CacheAwarePolicy, LeastLoadConfig, LeastLoadPolicy, LoadAwarePolicy, Policy,
-    PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy,
+    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy, RandomPolicy,
+    RoundRobinPolicy,
 };
 use shoal::request::RequestInfo;
-use shoal::workers::{BreakerConfig, Worker};
+use shoal::workers::Booking;
+use shoal::workers::Worker;
 use shoal_proto::{EngineKind, EngineLoad, LoadSnapshot};
 
 fn main() {
@@ -77,19 +79,21 @@ fn fleet(n: usize) -> Fleet {
         for _ in 0..i % 5 {
             held.push(w.ledger().book(500, 756));
         }
-        w.store_snapshot(LoadSnapshot {
-            source: EngineKind::Sglang,
-            load: EngineLoad {
-                token_usage: Some((i * 37 % 90) as f64 / 100.0),
-                waiting_requests: Some(i * 7 % 20),
-                queued_tokens: Some(i * 131 % 8000),
-                running_requests: Some(i % 32),
-                gen_throughput: Some(1500.0 + (i % 7) as f64 * 100.0),
+        w.store_snapshot(
+            LoadSnapshot {
+                source: EngineKind::Sglang,
+                load: EngineLoad {
+                    token_usage: Some((i * 37 % 90) as f64 / 100.0),
+                    waiting_requests: Some(i * 7 % 20),
+                    queued_tokens: Some(i * 131 % 8000),
+                    running_requests: Some(i % 32),
+                    gen_throughput: Some(1500.0 + (i % 7) as f64 * 100.0),
+                },
+                polled_at_unix_ms: 0,
+                poller: "bench".into(),
             },
-            polled_at_unix_ms: 0,
-            poller: "bench".into(),
-            dispatched_mark: 0,
-        });
+            std::time::Instant::now(),
+        );
     }
     Fleet {
         workers,
@@ -176,7 +180,7 @@ fn fleet_view_every_worker(bencher: Bencher, n: usize) {
         let now = std::time::Instant::now();
         let mut sum = 0u64;
         for w in &fleet.workers {
-            sum = sum.wrapping_add(fleet.view.load(w, now).dispatched_since_poll);
+            sum = sum.wrapping_add(fleet.view.load(w, now).counts.dispatched_since_poll);
         }
         black_box(sum)
     });

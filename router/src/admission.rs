@@ -31,8 +31,8 @@ use http::{HeaderValue, StatusCode, header};
 use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::error::ApiError;
 use crate::fleet::FleetView;
-use crate::http::errors::ApiError;
 use crate::workers::Worker;
 
 /// Seconds a rejected client is told to wait before retrying.
@@ -132,11 +132,11 @@ impl Admission {
     }
 
     /// The gate described by the configuration.
-    pub fn from_config(config: &crate::config::Config) -> Self {
+    pub fn from_config(config: &crate::config::AdmissionConfig) -> Self {
         Self::new(
             config.max_concurrent_requests,
             config.queue_size,
-            Duration::from_secs(config.queue_timeout_secs),
+            config.queue_timeout(),
         )
     }
 
@@ -204,7 +204,7 @@ pub fn fleet_saturated(
     let now = std::time::Instant::now();
     let mut available = workers.iter().filter(|w| w.is_available()).peekable();
     available.peek()?;
-    if available.all(|w| fleet.load(w, now).inflight_requests >= cap) {
+    if available.all(|w| fleet.load(w, now).counts.requests >= cap) {
         return Some(ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: format!(

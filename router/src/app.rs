@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 
@@ -15,8 +14,8 @@ use crate::config::Config;
 use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
-use crate::workers::health::{self, HealthConfig};
-use crate::workers::{BreakerConfig, Registry};
+use crate::workers::Registry;
+use crate::workers::health;
 use crate::{load, policy, proxy, telemetry, upstream};
 
 /// Why a replica could not start.
@@ -61,29 +60,34 @@ impl Server {
             addr: "the given listener".into(),
             source,
         })?;
-        let mesh = mesh_setup::start(&config, http_addr).await?;
+        let mesh = mesh_setup::start(&config.mesh, http_addr).await?;
         let registry = Arc::new(Registry::with_mesh(
             &config.worker_urls,
-            BreakerConfig::from(&config),
+            config.breaker.clone(),
             mesh.clone(),
+            config.load.polls_engines(),
         ));
         let fleet: Arc<dyn FleetView> = match &mesh {
-            Some(_) => Arc::new(MeshFleet::new(config.load_stale_after())),
-            None => Arc::new(LocalFleet::new(config.load_stale_after())),
+            Some(_) => Arc::new(MeshFleet::new(config.load.stale_after())),
+            None => Arc::new(LocalFleet::new(config.load.stale_after())),
         };
-        let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+        let connect_timeout = config.proxy.connect_timeout();
+        let forwarder = proxy::Forwarder {
+            client: upstream::build_client(connect_timeout),
+            retry: config.retry.clone(),
+            max_retries: config.retry.max_retries(),
+            request_timeout: config.proxy.request_timeout(),
+        };
         let state = AppState {
             registry,
-            policy: policy::build(&config),
+            policy: policy::build(&config.routing),
             fleet,
-            client: upstream::build_client(connect_timeout),
+            forwarder,
             side_client: upstream::build_client(connect_timeout),
-            retry: proxy::RetryConfig::from(&config),
-            request_timeout: proxy::request_timeout(&config),
             metrics: telemetry::install(),
             mesh,
             draining: AtomicBool::new(false),
-            admission: crate::admission::Admission::from_config(&config),
+            admission: crate::admission::Admission::from_config(&config.admission),
             config: Arc::new(config),
         };
         Ok(Self {
@@ -107,17 +111,17 @@ impl Server {
     ) -> std::io::Result<()> {
         let state = self.state;
         let config = state.config.clone();
-        let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+        let connect_timeout = config.proxy.connect_timeout();
         let mut background = tokio::task::JoinSet::new();
         background.spawn(health::run(
             state.registry.clone(),
             upstream::build_client(connect_timeout),
-            HealthConfig::from(config.as_ref()),
+            config.health.clone(),
         ));
         background.spawn(load::run(
             state.registry.clone(),
             upstream::build_client(connect_timeout),
-            load::MonitorConfig::new(config.as_ref(), state.mesh.clone()),
+            load::MonitorConfig::new(&config.load, config.mesh.node_name(), state.mesh.clone()),
         ));
         if let Some(upkeep) = state.policy.background_task() {
             background.spawn(upkeep);

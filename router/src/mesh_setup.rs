@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use shoal_mesh::{Mesh, MeshConfig, PemSource, TlsConfig};
 
-use crate::config::Config;
+use crate::config::MeshArgs;
 
 /// Why the mesh could not start.
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +19,7 @@ fn pem(path: &Option<std::path::PathBuf>, flag: &str) -> Result<PemSource, MeshS
 }
 
 /// Builds the mesh configuration from the flags.
-pub fn mesh_config(config: &Config, http_addr: SocketAddr) -> Result<MeshConfig, MeshStartError> {
-    let args = &config.mesh;
+pub fn mesh_config(args: &MeshArgs, http_addr: SocketAddr) -> Result<MeshConfig, MeshStartError> {
     let tls = TlsConfig {
         ca: pem(&args.mesh_tls_ca, "--mesh-tls-ca")?,
         cert: pem(&args.mesh_tls_cert, "--mesh-tls-cert")?,
@@ -48,13 +47,13 @@ pub fn mesh_config(config: &Config, http_addr: SocketAddr) -> Result<MeshConfig,
 
 /// Starts the mesh when the flags turn it on.
 pub async fn start(
-    config: &Config,
+    args: &MeshArgs,
     http_addr: SocketAddr,
 ) -> Result<Option<Arc<Mesh>>, MeshStartError> {
-    if !config.mesh.enabled() {
+    if !args.enabled() {
         return Ok(None);
     }
-    let mesh_config = mesh_config(config, http_addr)?;
+    let mesh_config = mesh_config(args, http_addr)?;
     let mesh = Mesh::start(mesh_config)
         .await
         .map_err(|e| MeshStartError(e.to_string()))?;
@@ -62,7 +61,7 @@ pub async fn start(
         node = %mesh.incarnation(),
         gossip = %mesh.gossip_addr(),
         quic = %mesh.quic_addr(),
-        seeds = ?config.mesh.mesh_peer_urls,
+        seeds = ?args.mesh_peer_urls,
         "mesh started"
     );
     Ok(Some(Arc::new(mesh)))

@@ -5,12 +5,11 @@
 //! scrape time so they are exact and cost nothing on the request path.
 
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use shoal_proto::LoadSnapshot;
-
-use crate::workers::{Registry, Worker};
 
 /// Requests by route and final status.
 pub const REQUESTS_TOTAL: &str = "shoal_requests_total";
@@ -162,10 +161,74 @@ pub fn admission_rejected(reason: &'static str) {
     counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(1);
 }
 
-/// Records a finished request.
-pub fn request_done(route: &'static str, status: u16, seconds: f64) {
+/// Records a finished request. Private: the request path counts through
+/// [`RequestRecord`], which makes counting each request once structural.
+fn request_done(route: &'static str, status: u16, seconds: f64) {
     counter!(REQUESTS_TOTAL, "route" => route, "status" => status.to_string()).increment(1);
     histogram!(REQUEST_DURATION, "route" => route).record(seconds);
+}
+
+/// The end-of-request accounting of one inference request
+/// ([`REQUESTS_TOTAL`], [`REQUEST_DURATION`]), as a guard.
+///
+/// Why a guard: a request leaves the router through many exits (refused,
+/// unreadable body, no worker, failed attempts, a streamed answer that ends
+/// or is dropped). Each exit used to call the counter itself, and one was
+/// missed. Now the handler creates one record per request and every exit
+/// ends it: [`RequestRecord::respond`] for an answer complete at once, or by
+/// handing it (with its status set) to the body that streams the answer,
+/// which drops it when the stream ends. The record counts when dropped,
+/// once, and only if a status was set: a request whose client went away
+/// before any answer existed is not counted, as before.
+#[derive(Debug)]
+#[must_use = "a request is counted when its record is ended"]
+pub struct RequestRecord {
+    route: &'static str,
+    started: Instant,
+    status: Option<u16>,
+}
+
+impl RequestRecord {
+    /// Starts the record of a request on `route` (a metric label) now.
+    pub fn start(route: &'static str) -> Self {
+        Self {
+            route,
+            started: Instant::now(),
+            status: None,
+        }
+    }
+
+    /// The route label, for the other per-route metrics of this request.
+    pub fn route(&self) -> &'static str {
+        self.route
+    }
+
+    /// When the request arrived: its deadline and latencies count from here.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Sets the final status; the request is counted with it when the
+    /// record is dropped (for a streamed answer: when the stream ends).
+    pub fn set_status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// Counts the request now with `response`'s status and returns the
+    /// response: the exit for every answer that is complete at once.
+    pub fn respond<B>(mut self, response: http::Response<B>) -> http::Response<B> {
+        self.set_status(response.status().as_u16());
+        drop(self);
+        response
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        if let Some(status) = self.status.take() {
+            request_done(self.route, status, self.started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// Records the time until the worker's response headers.
@@ -184,12 +247,21 @@ pub fn retry(route: &'static str, reason: &'static str) {
 }
 
 /// Records a worker's health after a check.
-pub fn worker_health(worker: &Worker) {
-    gauge!(WORKER_HEALTHY, "worker" => worker.url().to_string()).set(if worker.is_healthy() {
-        1.0
-    } else {
-        0.0
-    });
+pub fn worker_health(url: &str, healthy: bool) {
+    gauge!(WORKER_HEALTHY, "worker" => url.to_string()).set(if healthy { 1.0 } else { 0.0 });
+}
+
+/// Records one worker's gauges as the metrics endpoint refreshes them.
+pub fn worker_gauges(url: &str, inflight_requests: u64, inflight_tokens: u64, circuit: f64) {
+    gauge!(WORKER_INFLIGHT_REQUESTS, "worker" => url.to_string()).set(inflight_requests as f64);
+    gauge!(WORKER_INFLIGHT_TOKENS, "worker" => url.to_string()).set(inflight_tokens as f64);
+    gauge!(WORKER_CIRCUIT_STATE, "worker" => url.to_string()).set(circuit);
+}
+
+/// Records how many workers are registered and available.
+pub fn worker_counts(registered: usize, available: usize) {
+    gauge!(WORKERS, "state" => "registered").set(registered as f64);
+    gauge!(WORKERS, "state" => "available").set(available as f64);
 }
 
 /// Records the outcome of one load poll.
@@ -225,24 +297,9 @@ pub fn load_poll(worker: &str, engine: &'static str, outcome: Result<&LoadSnapsh
     }
 }
 
-/// Refreshes per-worker gauges from the registry, then renders the text
-/// exposition format.
-pub fn render(handle: &PrometheusHandle, registry: &Registry) -> String {
-    let workers = registry.all();
-    let mut available = 0u32;
-    for worker in workers.iter() {
-        let url = worker.url().to_string();
-        let ledger = worker.ledger();
-        gauge!(WORKER_INFLIGHT_REQUESTS, "worker" => url.clone())
-            .set(ledger.inflight_requests() as f64);
-        gauge!(WORKER_INFLIGHT_TOKENS, "worker" => url.clone())
-            .set(ledger.inflight_tokens() as f64);
-        gauge!(WORKER_CIRCUIT_STATE, "worker" => url).set(worker.breaker().state().as_gauge());
-        worker_health(worker);
-        available += u32::from(worker.is_available());
-    }
-    gauge!(WORKERS, "state" => "registered").set(workers.len() as f64);
-    gauge!(WORKERS, "state" => "available").set(f64::from(available));
+/// Renders the text exposition format (refresh the worker gauges first:
+/// `workers::Registry::record_gauges`).
+pub fn render(handle: &PrometheusHandle) -> String {
     handle.render()
 }
 
@@ -252,5 +309,51 @@ pub async fn upkeep(handle: PrometheusHandle) {
     loop {
         ticker.tick().await;
         handle.run_upkeep();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `shoal_requests_total` lines of a render, sorted (the exporter's
+    /// order of label sets is not fixed), for exact comparisons.
+    fn requests_total(render: &str) -> Vec<&str> {
+        let mut lines: Vec<&str> = render
+            .lines()
+            .filter(|l| l.starts_with(REQUESTS_TOTAL))
+            .collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    #[test]
+    fn a_request_record_counts_once_with_its_status() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let response = http::Response::builder()
+                .status(400)
+                .body(())
+                .expect("a response");
+            let answered = RequestRecord::start("generate").respond(response);
+            assert_eq!(answered.status(), 400);
+
+            let mut streamed = RequestRecord::start("generate");
+            streamed.set_status(200);
+            drop(streamed);
+
+            // Never answered (the client went away first): not counted.
+            drop(RequestRecord::start("generate"));
+        });
+        let render = handle.render();
+        assert_eq!(
+            requests_total(&render),
+            [
+                "shoal_requests_total{route=\"generate\",status=\"200\"} 1",
+                "shoal_requests_total{route=\"generate\",status=\"400\"} 1",
+            ],
+            "{render}"
+        );
     }
 }

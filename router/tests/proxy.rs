@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fake_engine::{CHUNKS, FakeEngine};
-use common::{Router, base_args, eventually};
+use common::{Router, base_args, chat_body, eventually};
 use futures_util::StreamExt;
 
 #[tokio::test]
@@ -190,6 +190,91 @@ async fn unreachable_workers_give_502_after_retries() {
 }
 
 #[tokio::test]
+async fn a_refused_worker_is_not_booked_during_the_retry_backoff() {
+    // Bind then drop a listener: the port is closed, connects are refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let engine = FakeEngine::start().await;
+    // base_args routes round_robin over the workers in flag order, and this
+    // replica's counter starts at 0: the first attempt goes to `dead`, the
+    // retry to the only untried (and still available) worker, `engine`.
+    let mut args = base_args(&[&dead, &engine.url]);
+    args.extend(
+        [
+            "--retry-max-retries",
+            "1",
+            "--retry-initial-backoff-ms",
+            "1500",
+            "--retry-max-backoff-ms",
+            "1500",
+            "--retry-jitter-factor",
+            "0",
+            // The circuit opens on the first failure: `circuit == "open"`
+            // in `GET /workers` tells the test that the first attempt
+            // failed, i.e. the request has entered its backoff.
+            "--cb-failure-threshold",
+            "1",
+            // Workers start healthy. The health checker probes once at
+            // startup, which fails for `dead`, but one failed probe is below
+            // the threshold and the next round is an hour away, so `dead`
+            // stays in rotation and is still the first pick.
+            "--health-failure-threshold",
+            "3",
+            "--health-check-interval-secs",
+            "3600",
+        ]
+        .map(String::from),
+    );
+    let router = Router::start(&args).await;
+
+    let request = tokio::spawn(
+        reqwest::Client::new()
+            .post(router.url("/v1/chat/completions"))
+            .json(&chat_body(false))
+            .send(),
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            router.worker(&dead).await["circuit"] == "open"
+        })
+        .await,
+        "the first attempt went to the refused worker and failed"
+    );
+    assert_eq!(engine.requests(), 0, "the retry has not been sent yet");
+    let entry = router.worker(&dead).await;
+    // Still nothing reached the healthy engine, so the read above happened
+    // while the request was sleeping its 1.5 s backoff.
+    assert_eq!(engine.requests(), 0, "read during the backoff");
+    assert_eq!(
+        entry["inflight_requests"], 0,
+        "released before the backoff: {entry}"
+    );
+    assert_eq!(
+        entry["inflight_tokens"], 0,
+        "released before the backoff: {entry}"
+    );
+
+    let response = tokio::time::timeout(Duration::from_secs(10), request)
+        .await
+        .expect("the retry answers within 10 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let json: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(json["choices"][0]["message"]["content"], "Hello");
+    assert_eq!(engine.requests(), 1);
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            router.worker(&engine.url).await["inflight_requests"] == 0
+        })
+        .await,
+        "the healthy worker's booking is released after the answer"
+    );
+}
+
+#[tokio::test]
 async fn unknown_route_and_wrong_method_get_openai_errors() {
     let router = Router::start(&base_args::<&str>(&[])).await;
     let response = reqwest::get(router.url("/v1/nothing")).await.unwrap();
@@ -213,4 +298,32 @@ async fn a_worker_that_never_answers_gets_504_at_the_deadline() {
     assert!(message.contains("--request-timeout-secs"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(router.worker(&engine.url).await["inflight_requests"], 0);
+}
+
+#[tokio::test]
+async fn a_request_that_cannot_be_built_for_its_worker_gets_400_and_is_counted() {
+    // The joined worker URI (base with a long prefix + path) passes the
+    // URI length limit while the client's own URI does not: `bad_path`.
+    let engine = FakeEngine::start().await;
+    let worker = format!("{}/{}", engine.url, "p".repeat(200));
+    let router = Router::start(&base_args(&[&worker])).await;
+    let limit = usize::from(u16::MAX - 1);
+    let client_base = router.url("");
+    let path = "/v1/embeddings?pad=";
+    let pad = "x".repeat(limit - client_base.len() - path.len());
+    let response = reqwest::Client::new()
+        .post(router.url(&format!("{path}{pad}")))
+        .json(&serde_json::json!({"model": "m", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_openai_error(response, 400, "bad_path").await;
+    assert_eq!(engine.state.requests.load(Ordering::SeqCst), 0);
+    let metrics = router.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "shoal_requests_total{route=\"embeddings\",status=\"400\"} 1"),
+        "a bad_path answer is counted once:\n{metrics}"
+    );
 }

@@ -378,7 +378,45 @@ async fn partition_and_heal(s: &Setup) {
         "the cut replica keeps routing: {cut_err:#?}"
     );
     assert!(converged <= Duration::from_secs(5));
+    // Both sides routed through the split and polled their engines: once
+    // the fleet is quiet, every replica reads the same work since the
+    // poll for every worker — at most one short request's, whatever each
+    // side saw (each incarnation counts only its own).
+    let quiet = Instant::now();
+    let mut last = Vec::new();
+    let settled = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let mut worst = Vec::new();
+            for i in 0..3 {
+                if let Some(st) = s.status(i).await {
+                    worst.push(st.workers.iter().map(|w| w.dispatched_since_poll).max());
+                }
+            }
+            let ok = worst.len() == 3
+                && worst
+                    .iter()
+                    .all(|w| w.is_some_and(|v| v <= SHORT_REQUEST_WORK));
+            last = worst;
+            if ok {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    println!(
+        "| after the heal, quiet | largest dispatched_since_poll per replica {last:?} after {:.2?} |",
+        quiet.elapsed()
+    );
+    assert!(
+        settled.is_ok(),
+        "dispatched_since_poll did not settle after the heal: {last:?}"
+    );
 }
+
+/// Token-work of one `load` request: a 300-character prompt (75 tokens at
+/// 4 characters a token) and 16 output tokens.
+const SHORT_REQUEST_WORK: u64 = 300 / 4 + 16;
 
 async fn kill_and_restart(s: &mut Setup) {
     let held = hold(s, 0, 2, 40).await;

@@ -141,7 +141,13 @@ pub fn cluster(ca: &Ca, n: usize, tweak: impl Fn(&mut MeshConfig)) -> Vec<Node> 
 }
 
 /// Polls `cond` every 10 ms until it holds or `within` passes.
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(within: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_every(Duration::from_millis(10), within, cond)
+}
+
+/// Polls `cond` every `period` until it holds or `within` passes (a longer
+/// period for conditions that read a whole status).
+pub fn wait_every(period: Duration, within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     loop {
         if cond() {
@@ -150,7 +156,7 @@ pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(period);
     }
 }
 

@@ -14,7 +14,7 @@ use crate::upstream;
 
 /// Fetches `url/mesh/status` and parses it.
 pub async fn fetch(url: &str) -> Result<Value, String> {
-    let base = crate::workers::normalize_url(url).map_err(|e| format!("--url: {e}"))?;
+    let base = crate::url::normalize_url(url).map_err(|e| format!("--url: {e}"))?;
     let client = upstream::build_client(Duration::from_secs(3));
     let (status, body) = upstream::get(
         &client,

@@ -13,8 +13,12 @@ use clap::Args;
 
 use super::{defaults, parsers};
 
-/// The `--mesh-*` flags.
+/// Help heading of the mesh flags.
+pub const MESH_FLAGS: &str = "Mesh";
+
+/// The `--mesh-*` flags; the mesh is started from this group.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = MESH_FLAGS)]
 pub struct MeshArgs {
     /// Gossip seeds as HOST:PORT (a DNS name resolving to many addresses,
     /// e.g. a headless Service, seeds them all and is re-resolved); space or
@@ -97,7 +101,8 @@ impl MeshArgs {
         Duration::from_millis(self.mesh_sync_interval_ms)
     }
 
-    /// Checks the flags that only matter when the mesh is on.
+    /// Checks the flags that only matter when the mesh is on, so a
+    /// misconfigured replica fails at start naming the flag.
     pub fn validate(&self) -> Result<(), String> {
         // The host name only matters once the mesh is on (a certificate
         // must name it); an explicit --mesh-name is always checked.

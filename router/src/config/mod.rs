@@ -4,54 +4,46 @@
 //! Every default is a constant in [`defaults`]; the file's keys are the long
 //! flag names (`load-poll-interval-ms` or `load_poll_interval_ms`), so there
 //! is one vocabulary for all three sources.
+//!
+//! The flags come in groups (`#[command(flatten)]`), and each group is the
+//! typed configuration its consumer is built from: the policy registry takes
+//! [`RoutingConfig`], the proxy [`ProxyConfig`] and [`RetryConfig`], every
+//! worker's breaker
+//! [`BreakerConfig`], the health checker [`HealthConfig`], the load monitor
+//! and fleet view [`LoadPollConfig`], the admission gate
+//! [`AdmissionConfig`], the mesh [`MeshArgs`]. A group's fields are named
+//! after their flags (`retry_max_retries` is `--retry-max-retries`), so one
+//! grep finds both; durations are stored as the flag's number and read
+//! through a method (`RetryConfig::initial_backoff`). Consumers import their
+//! group from here; this module imports none of them.
 
+mod admission;
 pub mod defaults;
 mod file;
+mod load;
 mod mesh;
 mod parsers;
+mod proxy;
+mod retry;
+mod routing;
+mod worker_health;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser};
 
+pub use admission::{ADMISSION_FLAGS, AdmissionConfig};
 pub use file::FileError;
-pub use mesh::MeshArgs;
-
-/// Which routing policy a replica runs. The router builds the policy from
-/// this once at start-up and never matches on it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Cycle through healthy workers in order.
-    RoundRobin,
-    /// Pick a healthy worker uniformly at random.
-    Random,
-    /// Sample two workers; take the less loaded (KV usage, queue, in-flight).
-    PowerOfTwo,
-    /// Least expected wait: queued token-work / throughput + KV barrier.
-    LeastLoad,
-    /// Prefix-cache affinity with a load-imbalance guard.
-    CacheAware,
-    /// llm-d queue scorer: shortest engine waiting queue.
-    LoadAware,
-}
-
-/// Which load format the monitor polls engines with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "lowercase")]
-pub enum LoadSource {
-    /// Probe each worker: SGLang `/v1/loads`, else `/metrics` prefixes.
-    Auto,
-    /// SGLang: `/v1/loads`, then `/get_load`, then `/metrics`.
-    Sglang,
-    /// vLLM `/metrics`.
-    Vllm,
-    /// llama.cpp server `/metrics` and `/slots`.
-    Llamacpp,
-    /// Do not poll: route on the router's own accounting only.
-    None,
-}
+pub use load::{LOAD_FLAGS, LoadPollConfig, LoadSource};
+pub use mesh::{MESH_FLAGS, MeshArgs};
+pub use proxy::{PROXY_FLAGS, ProxyConfig};
+pub use retry::{RETRY_FLAGS, RetryConfig};
+pub use routing::{
+    CACHE_AWARE_FLAGS, CacheAwareConfig, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, LeastLoadConfig,
+    LoadAwareConfig, PolicyKind, ROUTING_FLAGS, RoutingConfig,
+};
+pub use worker_health::{BREAKER_FLAGS, BreakerConfig, HEALTH_FLAGS, HealthConfig};
 
 /// Every knob of one `shoal` replica. Parsed by clap; see the README's flag
 /// reference, which is checked against this struct's `--help`.
@@ -80,171 +72,6 @@ pub struct Config {
     #[arg(long, env = "SHOAL_WORKER_URLS", action = clap::ArgAction::Set, num_args = 1.., value_delimiter = ',', value_parser = parsers::worker_url)]
     pub worker_urls: Vec<String>,
 
-    /// Routing policy.
-    #[arg(long, env = "SHOAL_POLICY", value_enum, default_value = defaults::POLICY)]
-    pub policy: PolicyKind,
-
-    /// cache_aware: route by prefix affinity when the best match covers more
-    /// than this fraction of the prompt (0..=1).
-    #[arg(long, env = "SHOAL_CACHE_THRESHOLD", default_value_t = defaults::CACHE_THRESHOLD, value_parser = parsers::unit_fraction)]
-    pub cache_threshold: f64,
-
-    /// cache_aware: the pool is imbalanced when max - min fleet in-flight
-    /// requests exceeds this (and the relative test holds).
-    #[arg(long, env = "SHOAL_BALANCE_ABS_THRESHOLD", default_value_t = defaults::BALANCE_ABS_THRESHOLD)]
-    pub balance_abs_threshold: u64,
-
-    /// cache_aware: ... and max fleet in-flight requests > this × min (>= 1).
-    #[arg(long, env = "SHOAL_BALANCE_REL_THRESHOLD", default_value_t = defaults::BALANCE_REL_THRESHOLD, value_parser = parsers::multiplier)]
-    pub balance_rel_threshold: f64,
-
-    /// cache_aware: the pool is imbalanced when max - min KV usage exceeds
-    /// this (0..=1; 1 = off). Needs fresh KV usage from every worker.
-    #[arg(long, env = "SHOAL_BALANCE_TOKEN_USAGE_THRESHOLD", default_value_t = defaults::BALANCE_TOKEN_USAGE_THRESHOLD, value_parser = parsers::unit_fraction)]
-    pub balance_token_usage_threshold: f64,
-
-    /// cache_aware: the pool is imbalanced when any worker's KV usage exceeds
-    /// this (0..=1; 1 = off). Needs fresh KV usage from every worker.
-    #[arg(long, env = "SHOAL_OVERLOAD_TOKEN_USAGE_THRESHOLD", default_value_t = defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD, value_parser = parsers::unit_fraction)]
-    pub overload_token_usage_threshold: f64,
-
-    /// cache_aware: bytes of prompt text the prefix tree keeps per worker;
-    /// least recently used branches beyond it are evicted.
-    #[arg(long, env = "SHOAL_MAX_TREE_SIZE", default_value_t = defaults::MAX_TREE_SIZE, value_parser = parsers::positive_usize)]
-    pub max_tree_size: usize,
-
-    /// cache_aware: seconds between prefix-tree evictions (run in the background).
-    #[arg(long, env = "SHOAL_EVICTION_INTERVAL_SECS", default_value_t = defaults::EVICTION_INTERVAL_SECS, value_parser = parsers::positive_u64)]
-    pub eviction_interval_secs: u64,
-
-    /// least_load: weight w in seconds of the KV barrier w * k/(1-k) (>= 0).
-    #[arg(long, env = "SHOAL_LEAST_LOAD_KV_PRESSURE_WEIGHT", default_value_t = defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT, value_parser = parsers::non_negative)]
-    pub least_load_kv_pressure_weight: f64,
-
-    /// least_load: tokens/s assumed for an engine that reports no valid throughput (> 0).
-    #[arg(long, env = "SHOAL_LEAST_LOAD_DEFAULT_THROUGHPUT", default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, value_parser = parsers::positive)]
-    pub least_load_default_throughput: f64,
-
-    /// least_load: token-work booked for a request whose prompt could not be estimated.
-    #[arg(long, env = "SHOAL_LEAST_LOAD_MEAN_PREFILL_TOKENS", default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, value_parser = parsers::positive_u64)]
-    pub least_load_mean_prefill_tokens: u64,
-
-    /// load_aware: engine waiting-queue length at which a worker scores 0.
-    #[arg(long, env = "SHOAL_LOAD_AWARE_THRESHOLD", default_value_t = defaults::LOAD_AWARE_THRESHOLD, value_parser = parsers::positive_u64)]
-    pub load_aware_threshold: u64,
-
-    /// How often each engine's load endpoint is polled, in milliseconds.
-    #[arg(long, env = "SHOAL_LOAD_POLL_INTERVAL_MS", default_value_t = defaults::LOAD_POLL_INTERVAL_MS, value_parser = parsers::positive_u64)]
-    pub load_poll_interval_ms: u64,
-
-    /// A polled snapshot older than this counts as missing [default: 3 × poll interval].
-    #[arg(long, env = "SHOAL_LOAD_STALE_AFTER_MS", value_parser = parsers::positive_u64)]
-    pub load_stale_after_ms: Option<u64>,
-
-    /// Load format to poll engines with.
-    #[arg(long, env = "SHOAL_WORKER_LOAD_SOURCE", value_enum, default_value = defaults::WORKER_LOAD_SOURCE)]
-    pub worker_load_source: LoadSource,
-
-    /// Largest accepted request body in bytes; larger ones get 413.
-    #[arg(long, env = "SHOAL_MAX_PAYLOAD_BYTES", default_value_t = defaults::MAX_PAYLOAD_BYTES, value_parser = parsers::positive_usize)]
-    pub max_payload_bytes: usize,
-
-    /// Deadline for a whole proxied request, streaming included.
-    #[arg(long, env = "SHOAL_REQUEST_TIMEOUT_SECS", default_value_t = defaults::REQUEST_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
-    pub request_timeout_secs: u64,
-
-    /// Deadline for opening a connection to a worker, in milliseconds.
-    #[arg(long, env = "SHOAL_CONNECT_TIMEOUT_MS", default_value_t = defaults::CONNECT_TIMEOUT_MS, value_parser = parsers::positive_u64)]
-    pub connect_timeout_ms: u64,
-
-    /// Inference requests this replica proxies at once (streams count until
-    /// they end); more wait in a queue. 0 = no limit.
-    #[arg(long, env = "SHOAL_MAX_CONCURRENT_REQUESTS", default_value_t = defaults::MAX_CONCURRENT_REQUESTS)]
-    pub max_concurrent_requests: usize,
-
-    /// Requests that may wait for a slot once --max-concurrent-requests is
-    /// reached; when the queue is full the answer is 429 with Retry-After.
-    #[arg(long, env = "SHOAL_QUEUE_SIZE", default_value_t = defaults::QUEUE_SIZE)]
-    pub queue_size: usize,
-
-    /// Seconds a queued request waits for a slot before 503 with Retry-After.
-    #[arg(long, env = "SHOAL_QUEUE_TIMEOUT_SECS", default_value_t = defaults::QUEUE_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
-    pub queue_timeout_secs: u64,
-
-    /// Shed a request with 503 and Retry-After when every available worker
-    /// already has this many requests in flight across the fleet (the mesh's
-    /// view when meshed). 0 = off.
-    #[arg(long, env = "SHOAL_WORKER_MAX_INFLIGHT", default_value_t = defaults::WORKER_MAX_INFLIGHT)]
-    pub worker_max_inflight: u64,
-
-    /// Retries after the first attempt, each on a re-selected worker.
-    #[arg(long, env = "SHOAL_RETRY_MAX_RETRIES", default_value_t = defaults::RETRY_MAX_RETRIES)]
-    pub retry_max_retries: u32,
-
-    /// Backoff before the first retry, in milliseconds.
-    #[arg(long, env = "SHOAL_RETRY_INITIAL_BACKOFF_MS", default_value_t = defaults::RETRY_INITIAL_BACKOFF_MS)]
-    pub retry_initial_backoff_ms: u64,
-
-    /// Ceiling on the backoff between retries, in milliseconds.
-    #[arg(long, env = "SHOAL_RETRY_MAX_BACKOFF_MS", default_value_t = defaults::RETRY_MAX_BACKOFF_MS)]
-    pub retry_max_backoff_ms: u64,
-
-    /// Backoff growth per retry (>= 1).
-    #[arg(long, env = "SHOAL_RETRY_BACKOFF_MULTIPLIER", default_value_t = defaults::RETRY_BACKOFF_MULTIPLIER, value_parser = parsers::multiplier)]
-    pub retry_backoff_multiplier: f64,
-
-    /// Random spread of each backoff, 0..=1.
-    #[arg(long, env = "SHOAL_RETRY_JITTER_FACTOR", default_value_t = defaults::RETRY_JITTER_FACTOR, value_parser = parsers::unit_fraction)]
-    pub retry_jitter_factor: f64,
-
-    /// Never retry; every worker error goes straight to the client.
-    #[arg(long, env = "SHOAL_DISABLE_RETRIES")]
-    pub disable_retries: bool,
-
-    /// Consecutive failures (within the window) that open a worker's circuit.
-    #[arg(long, env = "SHOAL_CB_FAILURE_THRESHOLD", default_value_t = defaults::CB_FAILURE_THRESHOLD, value_parser = parsers::positive_u32)]
-    pub cb_failure_threshold: u32,
-
-    /// Consecutive half-open successes that close the circuit.
-    #[arg(long, env = "SHOAL_CB_SUCCESS_THRESHOLD", default_value_t = defaults::CB_SUCCESS_THRESHOLD, value_parser = parsers::positive_u32)]
-    pub cb_success_threshold: u32,
-
-    /// Seconds an open circuit waits before letting a probe through.
-    #[arg(long, env = "SHOAL_CB_TIMEOUT_DURATION_SECS", default_value_t = defaults::CB_TIMEOUT_DURATION_SECS, value_parser = parsers::positive_u64)]
-    pub cb_timeout_duration_secs: u64,
-
-    /// Seconds after which old failures stop counting towards opening.
-    #[arg(long, env = "SHOAL_CB_WINDOW_DURATION_SECS", default_value_t = defaults::CB_WINDOW_DURATION_SECS, value_parser = parsers::positive_u64)]
-    pub cb_window_duration_secs: u64,
-
-    /// Never open circuits.
-    #[arg(long, env = "SHOAL_DISABLE_CIRCUIT_BREAKER")]
-    pub disable_circuit_breaker: bool,
-
-    /// Seconds between active health checks of each worker.
-    #[arg(long, env = "SHOAL_HEALTH_CHECK_INTERVAL_SECS", default_value_t = defaults::HEALTH_CHECK_INTERVAL_SECS, value_parser = parsers::positive_u64)]
-    pub health_check_interval_secs: u64,
-
-    /// Deadline for one health check, in seconds.
-    #[arg(long, env = "SHOAL_HEALTH_CHECK_TIMEOUT_SECS", default_value_t = defaults::HEALTH_CHECK_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
-    pub health_check_timeout_secs: u64,
-
-    /// Consecutive failed checks that take a worker out of rotation.
-    #[arg(long, env = "SHOAL_HEALTH_FAILURE_THRESHOLD", default_value_t = defaults::HEALTH_FAILURE_THRESHOLD, value_parser = parsers::positive_u32)]
-    pub health_failure_threshold: u32,
-
-    /// Consecutive passed checks that return it to rotation.
-    #[arg(long, env = "SHOAL_HEALTH_SUCCESS_THRESHOLD", default_value_t = defaults::HEALTH_SUCCESS_THRESHOLD, value_parser = parsers::positive_u32)]
-    pub health_success_threshold: u32,
-
-    /// Path probed on each worker by the health checker.
-    #[arg(long, env = "SHOAL_HEALTH_CHECK_ENDPOINT", default_value = defaults::HEALTH_CHECK_ENDPOINT, value_parser = parsers::url_path)]
-    pub health_check_endpoint: String,
-
-    /// Mesh (fleet-wide load sharing) settings.
-    #[command(flatten)]
-    pub mesh: MeshArgs,
-
     /// Seconds between SIGTERM (readiness turns to draining) and closing
     /// the listener; in-flight requests then finish.
     #[arg(long, env = "SHOAL_DRAIN_SETTLE_SECS", default_value_t = defaults::DRAIN_SETTLE_SECS)]
@@ -257,6 +84,40 @@ pub struct Config {
     /// Log one JSON object per line instead of text.
     #[arg(long, env = "SHOAL_LOG_JSON")]
     pub log_json: bool,
+
+    // Groups come after the ungrouped flags: each sets the help heading of
+    // the flags that follow it.
+    /// `--policy` and the policies' knobs.
+    #[command(flatten)]
+    pub routing: RoutingConfig,
+
+    /// Load-monitor settings.
+    #[command(flatten)]
+    pub load: LoadPollConfig,
+
+    /// Admission (per-replica concurrency limit and queue).
+    #[command(flatten)]
+    pub admission: AdmissionConfig,
+
+    /// Request size, deadlines and fleet-saturation shedding.
+    #[command(flatten)]
+    pub proxy: ProxyConfig,
+
+    /// Retry settings.
+    #[command(flatten)]
+    pub retry: RetryConfig,
+
+    /// Circuit-breaker settings.
+    #[command(flatten)]
+    pub breaker: BreakerConfig,
+
+    /// Health-check settings.
+    #[command(flatten)]
+    pub health: HealthConfig,
+
+    /// Mesh (fleet-wide load sharing) settings.
+    #[command(flatten)]
+    pub mesh: MeshArgs,
 }
 
 /// Why a configuration could not be built; each message names its source.
@@ -307,56 +168,18 @@ impl Config {
         Ok(config)
     }
 
+    /// Checks values that are each fine but must fit together; every
+    /// message names the flags involved.
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            return Err(ConfigError::Invalid(format!(
-                "--retry-max-backoff-ms ({}) must be >= --retry-initial-backoff-ms ({})",
-                self.retry_max_backoff_ms, self.retry_initial_backoff_ms
-            )));
-        }
-        if self.load_stale_after() < self.load_poll_interval() {
-            return Err(ConfigError::Invalid(format!(
-                "--load-stale-after-ms ({} ms) must be >= --load-poll-interval-ms ({} ms)",
-                self.load_stale_after().as_millis(),
-                self.load_poll_interval_ms
-            )));
-        }
+        self.retry.validate().map_err(ConfigError::Invalid)?;
+        self.load.validate().map_err(ConfigError::Invalid)?;
         self.mesh.validate().map_err(ConfigError::Invalid)?;
         Ok(())
-    }
-
-    /// Interval between load polls.
-    pub fn load_poll_interval(&self) -> Duration {
-        Duration::from_millis(self.load_poll_interval_ms)
-    }
-
-    /// Age past which a snapshot counts as missing.
-    pub fn load_stale_after(&self) -> Duration {
-        Duration::from_millis(
-            self.load_stale_after_ms.unwrap_or(
-                self.load_poll_interval_ms
-                    .saturating_mul(defaults::LOAD_STALE_AFTER_POLLS),
-            ),
-        )
-    }
-
-    /// Interval between prefix-tree evictions (`cache_aware`).
-    pub fn eviction_interval(&self) -> Duration {
-        Duration::from_secs(self.eviction_interval_secs)
     }
 
     /// Grace period between SIGTERM and closing the listener.
     pub fn drain_settle(&self) -> Duration {
         Duration::from_secs(self.drain_settle_secs)
-    }
-
-    /// Retries allowed after the first attempt (0 when retries are off).
-    pub fn max_retries(&self) -> u32 {
-        if self.disable_retries {
-            0
-        } else {
-            self.retry_max_retries
-        }
     }
 }
 

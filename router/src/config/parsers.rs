@@ -88,7 +88,7 @@ pub fn url_path(text: &str) -> Result<String, String> {
 /// normalised without a trailing slash so the same engine is never
 /// registered twice under two spellings.
 pub fn worker_url(text: &str) -> Result<String, String> {
-    crate::workers::normalize_url(text)
+    crate::url::normalize_url(text)
 }
 
 /// A `host:port` gossip seed; the host may be a DNS name or an IP

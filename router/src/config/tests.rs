@@ -15,61 +15,83 @@ fn defaults_come_from_the_defaults_module() {
     assert_eq!(config.host, defaults::HOST);
     assert_eq!(config.port, defaults::PORT);
     assert_eq!(
-        config.load_poll_interval_ms,
+        config.load.load_poll_interval_ms,
         defaults::LOAD_POLL_INTERVAL_MS
     );
     assert_eq!(
-        config.load_stale_after(),
+        config.load.stale_after(),
         Duration::from_millis(defaults::LOAD_POLL_INTERVAL_MS * defaults::LOAD_STALE_AFTER_POLLS)
     );
-    assert_eq!(config.retry_max_retries, defaults::RETRY_MAX_RETRIES);
-    assert_eq!(config.policy, PolicyKind::CacheAware);
-    assert_eq!(config.worker_load_source, LoadSource::Auto);
-    assert_eq!(config.cache_threshold, defaults::CACHE_THRESHOLD);
+    assert_eq!(config.retry.retry_max_retries, defaults::RETRY_MAX_RETRIES);
+    assert_eq!(config.routing.policy, PolicyKind::CacheAware);
+    assert_eq!(config.load.worker_load_source, LoadSource::Auto);
     assert_eq!(
-        config.balance_abs_threshold,
+        config.routing.cache_aware.cache_threshold,
+        defaults::CACHE_THRESHOLD
+    );
+    assert_eq!(
+        config.routing.cache_aware.balance_abs_threshold,
         defaults::BALANCE_ABS_THRESHOLD
     );
     assert_eq!(
-        config.balance_rel_threshold,
+        config.routing.cache_aware.balance_rel_threshold,
         defaults::BALANCE_REL_THRESHOLD
     );
     assert_eq!(
-        config.balance_token_usage_threshold,
+        config.routing.cache_aware.balance_token_usage_threshold,
         defaults::BALANCE_TOKEN_USAGE_THRESHOLD
     );
     assert_eq!(
-        config.overload_token_usage_threshold,
+        config.routing.cache_aware.overload_token_usage_threshold,
         defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD
     );
-    assert_eq!(config.max_tree_size, defaults::MAX_TREE_SIZE);
     assert_eq!(
-        config.eviction_interval_secs,
+        config.routing.cache_aware.max_tree_size,
+        defaults::MAX_TREE_SIZE
+    );
+    assert_eq!(
+        config.routing.cache_aware.eviction_interval_secs,
         defaults::EVICTION_INTERVAL_SECS
     );
     assert_eq!(
-        config.least_load_kv_pressure_weight,
+        config.routing.least_load.least_load_kv_pressure_weight,
         defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT
     );
     assert_eq!(
-        config.least_load_default_throughput,
+        config.routing.least_load.least_load_default_throughput,
         defaults::LEAST_LOAD_DEFAULT_THROUGHPUT
     );
     assert_eq!(
-        config.least_load_mean_prefill_tokens,
+        config.routing.least_load.least_load_mean_prefill_tokens,
         defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS
     );
-    assert_eq!(config.load_aware_threshold, defaults::LOAD_AWARE_THRESHOLD);
-    // The values the design fixes.
     assert_eq!(
-        (config.cache_threshold, config.balance_abs_threshold),
+        config.routing.load_aware.load_aware_threshold,
+        defaults::LOAD_AWARE_THRESHOLD
+    );
+    // The published defaults (README, ARCHITECTURE): the SGLang gateway's
+    // where it has the knob.
+    assert_eq!(
+        (
+            config.routing.cache_aware.cache_threshold,
+            config.routing.cache_aware.balance_abs_threshold
+        ),
         (0.3, 64)
     );
-    assert_eq!(config.balance_rel_threshold, 1.5);
-    assert_eq!(config.least_load_kv_pressure_weight, 0.15);
-    assert_eq!(config.least_load_default_throughput, 2000.0);
-    assert_eq!(config.least_load_mean_prefill_tokens, 1024);
-    assert_eq!(config.load_aware_threshold, 128);
+    assert_eq!(config.routing.cache_aware.balance_rel_threshold, 1.5);
+    assert_eq!(
+        config.routing.least_load.least_load_kv_pressure_weight,
+        0.15
+    );
+    assert_eq!(
+        config.routing.least_load.least_load_default_throughput,
+        2000.0
+    );
+    assert_eq!(
+        config.routing.least_load.least_load_mean_prefill_tokens,
+        1024
+    );
+    assert_eq!(config.routing.load_aware.load_aware_threshold, 128);
 }
 
 #[test]
@@ -111,9 +133,9 @@ fn policy_flags_reject_bad_values_naming_the_flag() {
         "1",
     ])
     .unwrap();
-    assert_eq!(config.policy, PolicyKind::LeastLoad);
-    assert_eq!(config.cache_threshold, 1.0);
-    assert_eq!(config.least_load_kv_pressure_weight, 0.0);
+    assert_eq!(config.routing.policy, PolicyKind::LeastLoad);
+    assert_eq!(config.routing.cache_aware.cache_threshold, 1.0);
+    assert_eq!(config.routing.least_load.least_load_kv_pressure_weight, 0.0);
     for (name, kind) in [
         ("round_robin", PolicyKind::RoundRobin),
         ("random", PolicyKind::Random),
@@ -122,7 +144,7 @@ fn policy_flags_reject_bad_values_naming_the_flag() {
         ("cache_aware", PolicyKind::CacheAware),
         ("load_aware", PolicyKind::LoadAware),
     ] {
-        assert_eq!(parse(&["--policy", name]).unwrap().policy, kind);
+        assert_eq!(parse(&["--policy", name]).unwrap().routing.policy, kind);
     }
 }
 
@@ -188,10 +210,10 @@ fn config_file_sets_values_and_flags_override_it() {
     let path = file.path().to_str().unwrap();
     let config = parse(&["--config", path]).unwrap();
     assert_eq!(config.port, 4000);
-    assert_eq!(config.load_poll_interval_ms, 250);
+    assert_eq!(config.load.load_poll_interval_ms, 250);
     assert_eq!(config.worker_urls, vec!["http://x:1", "http://y:2"]);
     assert!(config.log_json);
-    assert_eq!(config.policy, PolicyKind::Random);
+    assert_eq!(config.routing.policy, PolicyKind::Random);
 
     let config = parse(&[
         "--config",
@@ -300,4 +322,13 @@ fn mesh_flags_are_checked_with_their_names() {
         text.contains("--mesh-tls-ca") && text.contains("/nonexistent.pem"),
         "{text}"
     );
+}
+
+#[test]
+fn group_defaults_match_the_flag_defaults() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.routing.cache_aware, CacheAwareConfig::default());
+    assert_eq!(config.routing.least_load, LeastLoadConfig::default());
+    assert_eq!(config.retry, RetryConfig::default());
+    assert_eq!(config.breaker, BreakerConfig::default());
 }

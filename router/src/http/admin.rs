@@ -9,9 +9,10 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde::Deserialize;
 
-use super::errors::ApiError;
 use super::state::AppState;
-use crate::workers::{RegistryError, WorkerStatus, normalize_url};
+use crate::error::ApiError;
+use crate::url::normalize_url;
+use crate::workers::{RegistryError, WorkerStatus};
 
 /// `GET /workers`: every worker with health, circuit and load.
 pub async fn list(State(app): State<Arc<AppState>>) -> Json<Vec<WorkerStatus>> {

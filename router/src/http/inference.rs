@@ -1,8 +1,11 @@
-//! `POST` inference routes: read the body once (bounded), inspect it, and
-//! hand it to the proxy.
+//! `POST` inference routes: admit, read the body once (bounded), inspect
+//! it, and hand it to the proxy.
+//!
+//! Each request's accounting is one [`RequestRecord`], started on arrival
+//! and ended by whichever exit answers: a refusal or bad body here, or the
+//! proxy (its error, or the end of the streamed answer).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -11,11 +14,12 @@ use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, Limited};
 
-use super::errors::ApiError;
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody};
+use crate::error::ApiError;
+use crate::proxy::{Outgoing, WorkerPool};
 use crate::request::{self, Route};
-use crate::{proxy, telemetry};
+use crate::telemetry::{self, RequestRecord};
 
 async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|len| len > limit as u64) {
@@ -34,33 +38,28 @@ async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<By
 }
 
 /// Counts a request refused by overload admission and returns its answer.
-fn refused(route: Route, started: Instant, reason: &'static str, response: Response) -> Response {
+fn refused(record: RequestRecord, reason: &'static str, response: Response) -> Response {
     telemetry::admission_rejected(reason);
-    telemetry::request_done(
-        route.label(),
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
+    record.respond(response)
 }
 
 /// Handles one inference request on `route`.
 pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
-    let started = Instant::now();
+    let record = RequestRecord::start(route.label());
     let permit = match app.admission.admit().await {
         Ok(permit) => permit,
         Err(rejection) => {
             let response = app.admission.response(rejection);
-            return refused(route, started, rejection.label(), response);
+            return refused(record, rejection.label(), response);
         }
     };
-    let cap = app.config.worker_max_inflight;
+    let cap = app.config.proxy.worker_max_inflight;
     if cap > 0
         && let Some(error) =
             admission::fleet_saturated(cap, &app.registry.all(), app.fleet.as_ref())
     {
         let response = admission::reject_response(error);
-        return refused(route, started, "fleet_saturated", response);
+        return refused(record, "fleet_saturated", response);
     }
     let (parts, body) = request.into_parts();
     let declared = parts
@@ -69,7 +68,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let result = async {
-        let bytes = read_body(body, app.config.max_payload_bytes, declared).await?;
+        let bytes = read_body(body, app.config.proxy.max_payload_bytes, declared).await?;
         let info = request::inspect(&bytes, app.policy.needs_request_text())
             .map_err(|err| ApiError::invalid_json(err.to_string()))?;
         Ok::<_, ApiError>((bytes, info))
@@ -77,30 +76,25 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     .await;
     let (bytes, info) = match result {
         Ok(ok) => ok,
-        Err(error) => {
-            telemetry::request_done(
-                route.label(),
-                error.status.as_u16(),
-                started.elapsed().as_secs_f64(),
-            );
-            return error.into_response();
-        }
+        Err(error) => return record.respond(error.into_response()),
     };
     let path_and_query = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or(route.path());
-    let response = proxy::forward(
-        &app,
-        route,
-        &parts.headers,
+    let workers = WorkerPool {
+        registry: &app.registry,
+        policy: app.policy.as_ref(),
+        fleet: app.fleet.as_ref(),
+    };
+    let outgoing = Outgoing {
+        headers: &parts.headers,
         path_and_query,
-        bytes,
-        &info,
-        started,
-    )
-    .await;
+        body: bytes,
+        info: &info,
+    };
+    let response = app.forwarder.forward(workers, outgoing, record).await;
     match permit {
         Some(permit) => AdmittedBody::wrap(response, permit),
         None => response,

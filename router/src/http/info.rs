@@ -11,8 +11,8 @@ use futures_util::future::join_all;
 use http::{StatusCode, header};
 use serde_json::{Value, json};
 
-use super::errors::ApiError;
 use super::state::AppState;
+use crate::error::ApiError;
 use crate::{telemetry, upstream};
 
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,10 +54,10 @@ pub async fn readiness(State(app): State<Arc<AppState>>) -> Response {
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     match &app.metrics {
-        Some(handle) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            telemetry::render(handle, &app.registry),
-        )
+        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+            app.registry.record_gauges();
+            telemetry::render(handle)
+        })
             .into_response(),
         None => (
             StatusCode::NOT_FOUND,

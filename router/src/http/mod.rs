@@ -2,7 +2,6 @@
 //! and the worker admin API.
 
 mod admin;
-pub mod errors;
 mod inference;
 mod info;
 pub mod state;
@@ -12,9 +11,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{delete, get, post};
 
-use errors::ApiError;
 use state::AppState;
 
+use crate::error::ApiError;
 use crate::request::Route;
 
 /// Builds the axum router for one replica.

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use shoal_mesh::Mesh;
@@ -11,7 +10,7 @@ use crate::admission::Admission;
 use crate::config::Config;
 use crate::fleet::FleetView;
 use crate::policy::Policy;
-use crate::proxy::RetryConfig;
+use crate::proxy::Forwarder;
 use crate::upstream::HttpClient;
 use crate::workers::Registry;
 
@@ -26,14 +25,10 @@ pub struct AppState {
     pub policy: Arc<dyn Policy>,
     /// Where policies read load from.
     pub fleet: Arc<dyn FleetView>,
-    /// Client for proxied requests.
-    pub client: HttpClient,
+    /// Forwards inference requests (its own client, retries, deadline).
+    pub forwarder: Forwarder,
     /// Client for side requests (model lists).
     pub side_client: HttpClient,
-    /// Retry backoff.
-    pub retry: RetryConfig,
-    /// Whole-request deadline.
-    pub request_timeout: Duration,
     /// Prometheus handle, if this process owns the recorder.
     pub metrics: Option<PrometheusHandle>,
     /// The mesh, when this replica shares load with peers.

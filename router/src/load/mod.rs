@@ -9,13 +9,13 @@ mod poll;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use shoal_mesh::Mesh;
 use shoal_proto::LoadSnapshot;
 
-use crate::config::{Config, LoadSource};
+use crate::config::{LoadPollConfig, LoadSource};
 use crate::telemetry;
 use crate::upstream::HttpClient;
 use crate::workers::{Registry, Worker};
@@ -31,46 +31,57 @@ pub struct MonitorConfig {
     pub source: LoadSource,
     /// Name stamped on snapshots as their poller.
     pub node_name: String,
-    /// Age past which a snapshot counts as missing: a non-owner polls a
-    /// worker itself when the fleet has nothing fresher.
-    pub stale_after: Duration,
+    /// A non-owner polls a worker itself once the fleet's freshest
+    /// snapshot is older than this: [`FALLBACK_AFTER_INTERVALS`] poll
+    /// intervals, capped by the stale limit, so a worker whose owner is
+    /// late, dead or not polling is re-polled before policies lose it.
+    pub fallback_after: Duration,
     /// The mesh, when on: polls are split by ownership and shared.
     pub mesh: Option<Arc<Mesh>>,
 }
 
 impl MonitorConfig {
-    /// The monitor settings of `config`, sharing through `mesh` if given.
-    pub fn new(config: &Config, mesh: Option<Arc<Mesh>>) -> Self {
+    /// The monitor settings of the `--load-*` flags, stamping snapshots
+    /// with `node_name` and sharing them through `mesh` if given.
+    pub fn new(load: &LoadPollConfig, node_name: String, mesh: Option<Arc<Mesh>>) -> Self {
         Self {
-            interval: config.load_poll_interval(),
-            source: config.worker_load_source,
-            node_name: config.mesh.node_name(),
-            stale_after: config.load_stale_after(),
+            interval: load.poll_interval(),
+            source: load.worker_load_source,
+            node_name,
+            fallback_after: fallback_after(load.poll_interval(), load.stale_after()),
             mesh,
         }
     }
 
     /// Whether this replica should poll `worker` this round: always without
     /// a mesh; with one, when it owns the worker or when no replica's
-    /// snapshot is fresh (the owner is late, dead or not yet known).
+    /// snapshot is younger than [`MonitorConfig::fallback_after`] (the owner
+    /// is late, dead, not polling or not yet known).
     pub fn should_poll(&self, worker: &Worker) -> bool {
-        let (Some(mesh), Some(slot)) = (&self.mesh, worker.ledger().mesh_slot()) else {
+        let Some(mesh) = &self.mesh else {
             return true;
         };
         if mesh.owns(worker.url()) {
             return true;
         }
-        slot.fleet()
+        let now = Instant::now();
+        worker
+            .ledger()
+            .slot()
+            .fleet()
             .snapshot
-            .is_none_or(|s| s.learned_at.elapsed() > self.stale_after)
+            .is_none_or(|s| s.age(now) > self.fallback_after)
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+/// How many poll intervals a non-owner waits for a fresher snapshot before
+/// it polls a worker itself (one late poll of the owner is tolerated).
+pub const FALLBACK_AFTER_INTERVALS: f64 = 1.5;
+
+/// The fallback age for `interval` and the stale limit `stale_after`:
+/// [`FALLBACK_AFTER_INTERVALS`] intervals, but never past the stale limit.
+pub fn fallback_after(interval: Duration, stale_after: Duration) -> Duration {
+    interval.mul_f64(FALLBACK_AFTER_INTERVALS).min(stale_after)
 }
 
 /// Polls one worker once and, on success, stores the snapshot on it.
@@ -80,14 +91,8 @@ pub async fn poll_once(
     state: &mut PollState,
     config: &MonitorConfig,
 ) -> Result<LoadSnapshot, PollError> {
-    let slot = worker.ledger().mesh_slot();
-    let (polled_at_unix_ms, mark) = match slot {
-        Some(slot) => {
-            let stamp = slot.poll_stamp();
-            (stamp.polled_at_unix_ms, stamp.dispatched_mark)
-        }
-        None => (unix_ms(), worker.ledger().dispatched_tokens()),
-    };
+    let slot = worker.ledger().slot();
+    let stamp = slot.poll_stamp();
     let result = poll::poll(client, worker.url(), state, config.source, config.interval).await;
     let engine = state.kind().map(|k| k.as_str()).unwrap_or("unknown");
     match result {
@@ -95,15 +100,17 @@ pub async fn poll_once(
             let snapshot = LoadSnapshot {
                 source,
                 load,
-                polled_at_unix_ms,
+                polled_at_unix_ms: stamp.polled_at_unix_ms,
                 poller: config.node_name.clone(),
-                dispatched_mark: mark,
             };
             telemetry::load_poll(worker.url(), engine, Ok(&snapshot));
-            if let (Some(mesh), Some(slot)) = (&config.mesh, slot) {
-                mesh.publish_snapshot(slot, &snapshot);
+            // This replica's work since the poll counts from the poll's
+            // start (with a mesh: if no fresher snapshot is known).
+            match &config.mesh {
+                Some(mesh) => mesh.publish_snapshot(slot, &stamp, source, load),
+                None => slot.record_own_poll(&stamp),
             }
-            worker.store_snapshot(snapshot.clone());
+            worker.store_snapshot(snapshot.clone(), stamp.started);
             Ok(snapshot)
         }
         Err(err) => {
@@ -142,5 +149,17 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: MonitorCon
             })
         });
         join_all(polls).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallback_comes_before_the_stale_limit() {
+        let ms = Duration::from_millis;
+        assert_eq!(fallback_after(ms(300), ms(900)), ms(450));
+        assert_eq!(fallback_after(ms(300), ms(300)), ms(300));
     }
 }

@@ -23,8 +23,7 @@
 //! 4. The prompt is inserted into the chosen worker's tree in every case, as
 //!    the engine will now cache it. Remaining ties break at random.
 //!
-//! Decided where the design is silent: "lowest load" is fleet in-flight
-//! requests (the same signal as the guard, so it means the same on 1 or N
+//! Choices: "lowest load" is fleet in-flight requests (the same signal as the guard, so it means the same on 1 or N
 //! replicas and water-fills, as bookings show at once); a request without
 //! text (token ids only) has match rate 0 and inserts nothing. Eviction and
 //! forgetting removed workers run in [`Policy::background_task`].
@@ -40,57 +39,10 @@ use futures_util::future::BoxFuture;
 use super::pick::{self, MinPick};
 use super::prefix_tree::{Level, PrefixTree, SharedTree};
 use super::{Policy, signals};
-use crate::config::{Config, defaults};
+use crate::config::CacheAwareConfig;
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
-
-/// The `cache_aware` knobs; see the module docs for how each is used.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CacheAwareConfig {
-    /// Minimum matched fraction of the prompt for affinity routing.
-    pub cache_threshold: f64,
-    /// Absolute in-flight spread of the count guard (c).
-    pub balance_abs_threshold: u64,
-    /// Relative in-flight ratio of the count guard (c).
-    pub balance_rel_threshold: f64,
-    /// KV-usage spread of guard (b).
-    pub balance_token_usage_threshold: f64,
-    /// KV-usage ceiling of guard (a).
-    pub overload_token_usage_threshold: f64,
-    /// Bytes of prompt text remembered per worker.
-    pub max_tree_size: usize,
-    /// Time between evictions.
-    pub eviction_interval: Duration,
-}
-
-impl Default for CacheAwareConfig {
-    fn default() -> Self {
-        Self {
-            cache_threshold: defaults::CACHE_THRESHOLD,
-            balance_abs_threshold: defaults::BALANCE_ABS_THRESHOLD,
-            balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
-            balance_token_usage_threshold: defaults::BALANCE_TOKEN_USAGE_THRESHOLD,
-            overload_token_usage_threshold: defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD,
-            max_tree_size: defaults::MAX_TREE_SIZE,
-            eviction_interval: Duration::from_secs(defaults::EVICTION_INTERVAL_SECS),
-        }
-    }
-}
-
-impl From<&Config> for CacheAwareConfig {
-    fn from(config: &Config) -> Self {
-        Self {
-            cache_threshold: config.cache_threshold,
-            balance_abs_threshold: config.balance_abs_threshold,
-            balance_rel_threshold: config.balance_rel_threshold,
-            balance_token_usage_threshold: config.balance_token_usage_threshold,
-            overload_token_usage_threshold: config.overload_token_usage_threshold,
-            max_tree_size: config.max_tree_size,
-            eviction_interval: config.eviction_interval(),
-        }
-    }
-}
 
 /// What one pass over the candidates learned.
 struct Survey {
@@ -116,7 +68,7 @@ fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Surve
     };
     for (i, worker) in candidates.iter().enumerate() {
         let load = fleet.load(worker, now);
-        let requests = load.inflight_requests;
+        let requests = load.counts.requests;
         s.requests.push(requests);
         s.min_requests = s.min_requests.min(requests);
         s.max_requests = s.max_requests.max(requests);
@@ -146,6 +98,9 @@ enum Imbalance {
 #[derive(Debug)]
 pub struct CacheAwarePolicy {
     config: CacheAwareConfig,
+    /// `config.eviction_interval()`, kept apart so tests can use a
+    /// sub-second one.
+    eviction_interval: Duration,
     tree: Arc<SharedTree>,
 }
 
@@ -153,6 +108,7 @@ impl CacheAwarePolicy {
     /// A policy with an empty prefix tree.
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
+            eviction_interval: config.eviction_interval(),
             config,
             tree: Arc::default(),
         }
@@ -247,18 +203,13 @@ impl Policy for CacheAwarePolicy {
         true
     }
 
-    fn reads_engine_load(&self) -> bool {
-        self.config.overload_token_usage_threshold < 1.0
-            || self.config.balance_token_usage_threshold < 1.0
-    }
-
     fn on_worker_removed(&self, worker: &Worker) {
         self.tree.forget_later(worker.id());
     }
 
     fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
         let tree = self.tree.clone();
-        let interval = self.config.eviction_interval;
+        let interval = self.eviction_interval;
         let max_bytes = self.config.max_tree_size;
         Some(Box::pin(async move {
             let mut ticker = tokio::time::interval(interval);

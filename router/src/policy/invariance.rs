@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use super::testkit::*;
 use super::*;
-use crate::fleet::{Booking, FleetView};
+use crate::config::{CacheAwareConfig, LeastLoadConfig};
+use crate::fleet::FleetView;
+use crate::workers::Booking;
 
 struct Worlds {
     workers: Vec<Arc<Worker>>,
@@ -55,16 +57,17 @@ fn worlds() -> Worlds {
     for (worker, n, tokens) in [(0, 90, 10), (1, 12, 30), (2, 6, 50), (3, 24, 20)] {
         worlds.book(worker, n, tokens);
     }
-    // The poll: marks are the fleet totals, equal in both worlds.
+    // The poll: both worlds count their work since it from here.
     for (i, (queued, waiting)) in [(2000, 10), (0, 3), (0, 3), (2500, 50)]
         .into_iter()
         .enumerate()
     {
         let w = &worlds.workers[i];
         assert_eq!(
-            w.ledger().dispatched_tokens(),
-            worlds.replicas.dispatched(w)
+            w.ledger().counts().dispatched_since_poll,
+            worlds.replicas.dispatched_since_poll(w)
         );
+        worlds.replicas.learn_poll(w);
         set_load(
             w,
             engine()

@@ -19,7 +19,7 @@
 //!   them (a worker that reports nothing must not win by default).
 //!
 //! A candidate without a fresh snapshot (or with one carrying no signal)
-//! scores `inflight_tokens / fleet-mean throughput`, the mean being over
+//! scores `counts.tokens / fleet-mean throughput`, the mean being over
 //! the candidates that have snapshots (reported-or-default throughput). If
 //! no candidate has one, the choice is join-shortest-queue on fleet
 //! in-flight requests. Argmin; ties are broken at random.
@@ -28,7 +28,9 @@
 //! booked as `--least-load-mean-prefill-tokens` plus its `max_tokens` (see
 //! [`Policy::token_work`]), so it still counts in `dispatched_since_poll`.
 //! The score is the wait before the request starts; the request's own size
-//! is deliberately not added (the design's formula).
+//! is deliberately not added: it is the same for every candidate, so it
+//! cannot change the argmin, and adding it would only blur the score's
+//! meaning as an expected wait.
 
 #[cfg(test)]
 mod tests;
@@ -38,44 +40,13 @@ use std::time::Instant;
 
 use super::pick::{self, MinPick};
 use super::{Policy, signals};
-use crate::config::{Config, defaults};
+use crate::config::LeastLoadConfig;
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
 /// Highest KV usage fed to `k/(1-k)`, which is infinite at 1.
 pub const KV_USAGE_CLAMP: f64 = 0.999;
-
-/// The `least_load` knobs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LeastLoadConfig {
-    /// `w`, seconds: weight of the KV barrier.
-    pub kv_pressure_weight: f64,
-    /// Tokens/s assumed when an engine reports no valid throughput.
-    pub default_throughput: f64,
-    /// Token-work booked for a request without a token estimate.
-    pub mean_prefill_tokens: u64,
-}
-
-impl Default for LeastLoadConfig {
-    fn default() -> Self {
-        Self {
-            kv_pressure_weight: defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT,
-            default_throughput: defaults::LEAST_LOAD_DEFAULT_THROUGHPUT,
-            mean_prefill_tokens: defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS,
-        }
-    }
-}
-
-impl From<&Config> for LeastLoadConfig {
-    fn from(config: &Config) -> Self {
-        Self {
-            kv_pressure_weight: config.least_load_kv_pressure_weight,
-            default_throughput: config.least_load_default_throughput,
-            mean_prefill_tokens: config.least_load_mean_prefill_tokens,
-        }
-    }
-}
 
 /// One candidate's score parts, before the fleet-wide terms are known.
 #[derive(Debug, Clone, Copy)]
@@ -104,12 +75,12 @@ impl LeastLoadPolicy {
     /// The KV barrier `w * k/(1-k)` for a valid usage `k`.
     pub fn kv_barrier(&self, k: f64) -> f64 {
         let k = k.clamp(0.0, KV_USAGE_CLAMP);
-        self.config.kv_pressure_weight * k / (1.0 - k)
+        self.config.least_load_kv_pressure_weight * k / (1.0 - k)
     }
 
     /// Throughput used for an engine's reported value.
     fn throughput(&self, reported: Option<f64>) -> f64 {
-        reported.unwrap_or(self.config.default_throughput)
+        reported.unwrap_or(self.config.least_load_default_throughput)
     }
 }
 
@@ -135,7 +106,7 @@ impl Policy for LeastLoadPolicy {
             let k = signals::token_usage(&load);
             kv_everywhere &= k.is_some();
             let barrier = k.map_or(0.0, |k| self.kv_barrier(k));
-            let requests = load.inflight_requests;
+            let requests = load.counts.requests;
             rows.push(match signals::engine(&load) {
                 Some(engine) => {
                     let throughput = self.throughput(signals::throughput(engine));
@@ -144,7 +115,7 @@ impl Policy for LeastLoadPolicy {
                     let work = engine
                         .queued_tokens
                         .unwrap_or(0)
-                        .saturating_add(load.dispatched_since_poll);
+                        .saturating_add(load.counts.dispatched_since_poll);
                     Row {
                         wait: work as f64 / throughput,
                         barrier,
@@ -153,7 +124,7 @@ impl Policy for LeastLoadPolicy {
                     }
                 }
                 None => Row {
-                    wait: load.inflight_tokens as f64,
+                    wait: load.counts.tokens as f64,
                     barrier,
                     lit: false,
                     requests,
@@ -181,14 +152,10 @@ impl Policy for LeastLoadPolicy {
         best.index()
     }
 
-    fn reads_engine_load(&self) -> bool {
-        true
-    }
-
     fn token_work(&self, request: &RequestInfo) -> u64 {
         if request.prompt_tokens == 0 {
             self.config
-                .mean_prefill_tokens
+                .least_load_mean_prefill_tokens
                 .saturating_add(request.max_output_tokens.unwrap_or(0))
         } else {
             request.token_work()

@@ -65,13 +65,9 @@ impl Policy for LoadAwarePolicy {
         for (i, worker) in candidates.iter().enumerate() {
             let load = fleet.load(worker, now);
             let score = signals::waiting(&load).map_or(0.0, |w| queue_score(w, self.threshold));
-            best.offer((-score, load.inflight_requests), i);
+            best.offer((-score, load.counts.requests), i);
         }
         best.index()
-    }
-
-    fn reads_engine_load(&self) -> bool {
-        true
     }
 }
 
@@ -107,7 +103,7 @@ mod tests {
         }
         let config =
             crate::config::Config::load_from(["shoal", "--load-aware-threshold", "4"]).unwrap();
-        assert_eq!(config.load_aware_threshold, 4);
+        assert_eq!(config.routing.load_aware.load_aware_threshold, 4);
     }
 
     #[test]
@@ -142,7 +138,7 @@ mod tests {
         }
         let spread: Vec<u64> = workers
             .iter()
-            .map(|w| w.ledger().inflight_requests())
+            .map(|w| w.ledger().counts().requests)
             .collect();
         assert_eq!(spread, [2, 2, 2, 2]);
     }

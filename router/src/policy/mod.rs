@@ -5,7 +5,8 @@
 //! load only through the [`FleetView`], so their thresholds mean the same on
 //! one replica and on a meshed fleet.
 //!
-//! Shared rules (the fixes of the seed review):
+//! Shared rules every policy follows (each fixes a way a router herds or
+//! misreads load):
 //! - one clock read per selection, passed to every [`FleetView::load`];
 //! - engine numbers are re-checked where they are used (`signals`): a
 //!   non-finite or out-of-range value is missing, never compared;
@@ -14,6 +15,25 @@
 //! - ties are broken uniformly at random (`pick::MinPick`);
 //! - bookings are visible to the very next selection, so concurrent
 //!   selections water-fill instead of herding.
+//!
+//! # Adding a policy
+//!
+//! 1. Write `policy/<name>.rs`: a type implementing [`Policy`]. It states
+//!    what it needs through the trait's capability methods (request text,
+//!    token-work, per-worker clean-up, background upkeep); nothing outside
+//!    this module ever asks which policy is running.
+//! 2. Add a variant to `PolicyKind` (`config/routing.rs`); its doc comment
+//!    is the `--policy` value's help.
+//! 3. If it has knobs: a `#[derive(Args)]` group next to the others in
+//!    `config/routing.rs` (fields named after their flags, defaults in
+//!    `config/defaults.rs`, bad values rejected by a `config/parsers.rs`
+//!    parser), with its own help-heading constant, flattened into
+//!    `RoutingConfig`.
+//! 4. Add its row to [`registration`]: the compiler rejects a `PolicyKind`
+//!    without one, and the registry tests check the row's name and flag
+//!    heading.
+//! 5. Describe it in the README's "Policies" section and regenerate the flag
+//!    reference (`SHOAL_UPDATE_README=1 cargo test -p shoal --test readme`).
 
 mod cache_aware;
 mod least_load;
@@ -25,6 +45,8 @@ mod random;
 mod round_robin;
 mod signals;
 
+mod registry;
+
 #[cfg(test)]
 mod invariance;
 #[cfg(test)]
@@ -34,19 +56,20 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::config::{Config, PolicyKind};
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
-pub use cache_aware::{CacheAwareConfig, CacheAwarePolicy};
-pub use least_load::{LeastLoadConfig, LeastLoadPolicy};
+pub use cache_aware::CacheAwarePolicy;
+pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;
 pub use random::RandomPolicy;
+pub use registry::{Registration, build, registration};
 pub use round_robin::RoundRobinPolicy;
 
-/// A routing policy.
+/// A routing policy: the one interface the router routes through, so a
+/// policy's needs are asked for, never inferred from its name.
 pub trait Policy: Send + Sync + std::fmt::Debug {
     /// Name for logs and metrics (never used for dispatch).
     fn name(&self) -> &'static str;
@@ -62,11 +85,6 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
 
     /// Whether [`RequestInfo::text`] must be filled (prefix-matching policies).
     fn needs_request_text(&self) -> bool {
-        false
-    }
-
-    /// Whether the policy reads engine snapshots (and so needs load polling).
-    fn reads_engine_load(&self) -> bool {
         false
     }
 
@@ -87,17 +105,5 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// background tasks. It runs until the replica stops.
     fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
         None
-    }
-}
-
-/// Builds the configured policy.
-pub fn build(config: &Config) -> Arc<dyn Policy> {
-    match config.policy {
-        PolicyKind::RoundRobin => Arc::new(RoundRobinPolicy::default()),
-        PolicyKind::Random => Arc::new(RandomPolicy),
-        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwoPolicy),
-        PolicyKind::LeastLoad => Arc::new(LeastLoadPolicy::new(LeastLoadConfig::from(config))),
-        PolicyKind::CacheAware => Arc::new(CacheAwarePolicy::new(CacheAwareConfig::from(config))),
-        PolicyKind::LoadAware => Arc::new(LoadAwarePolicy::new(config.load_aware_threshold)),
     }
 }

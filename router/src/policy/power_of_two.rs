@@ -33,8 +33,7 @@ fn lighter(a: &WorkerLoad, b: &WorkerLoad) -> Option<bool> {
     {
         return Some(wa < wb);
     }
-    (a.inflight_requests != b.inflight_requests)
-        .then_some(a.inflight_requests < b.inflight_requests)
+    (a.counts.requests != b.counts.requests).then_some(a.counts.requests < b.counts.requests)
 }
 
 impl Policy for PowerOfTwoPolicy {
@@ -67,10 +66,6 @@ impl Policy for PowerOfTwoPolicy {
                 })
             }
         }
-    }
-
-    fn reads_engine_load(&self) -> bool {
-        true
     }
 }
 

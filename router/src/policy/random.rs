@@ -34,8 +34,8 @@ impl Policy for RandomPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BreakerConfig;
     use crate::fleet::LocalFleet;
-    use crate::workers::BreakerConfig;
     use std::time::Duration;
 
     #[test]

@@ -35,8 +35,8 @@ impl Policy for RoundRobinPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BreakerConfig;
     use crate::fleet::LocalFleet;
-    use crate::workers::BreakerConfig;
     use std::time::Duration;
 
     #[test]

@@ -10,9 +10,12 @@ use std::time::{Duration, Instant};
 use shoal_proto::{EngineKind, EngineLoad, LoadSnapshot};
 
 use super::Policy;
-use crate::fleet::{Booking, FleetView, Ledger, LedgerCounts, LocalFleet, WorkerLoad};
+use crate::config::BreakerConfig;
+use crate::fleet::{FleetView, LocalFleet, WorkerLoad};
 use crate::request::RequestInfo;
-use crate::workers::{BreakerConfig, Worker};
+use crate::workers::Worker;
+use crate::workers::{Booking, Ledger};
+use shoal_proto::LoadCounts;
 
 /// How long test snapshots stay fresh.
 pub const STALE_AFTER: Duration = Duration::from_secs(60);
@@ -57,21 +60,26 @@ impl Engine {
     }
 }
 
-/// Stores a snapshot polled now, marked at the worker's current dispatched
-/// total (as the load monitor does).
+/// Stores a snapshot polled now, and counts the worker's own work since
+/// the poll from here on (as the load monitor does).
 pub fn set_load(worker: &Worker, engine: Engine) {
-    set_load_marked(worker, engine, worker.ledger().dispatched_tokens());
+    let stamp = worker.ledger().poll_stamp();
+    worker.ledger().slot().record_own_poll(&stamp);
+    store_load(worker, engine);
 }
 
-/// Stores a snapshot with an explicit dispatched mark.
-pub fn set_load_marked(worker: &Worker, engine: Engine, mark: u64) {
-    worker.store_snapshot(LoadSnapshot {
-        source: EngineKind::Sglang,
-        load: engine.0,
-        polled_at_unix_ms: 0,
-        poller: "test".into(),
-        dispatched_mark: mark,
-    });
+/// Stores a snapshot polled now without rebasing the work since the poll
+/// (the engine's numbers do not include what was routed before).
+pub fn store_load(worker: &Worker, engine: Engine) {
+    worker.store_snapshot(
+        LoadSnapshot {
+            source: EngineKind::Sglang,
+            load: engine.0,
+            polled_at_unix_ms: 0,
+            poller: "test".into(),
+        },
+        Instant::now(),
+    );
 }
 
 /// Books `n` requests of `tokens` token-work each on the worker's ledger.
@@ -137,8 +145,16 @@ impl ReplicaFleet {
     pub fn book(&mut self, replica: usize, worker: &Worker, tokens: u64) -> Booking {
         self.replicas[replica]
             .entry(worker.id())
-            .or_default()
+            .or_insert_with(|| Ledger::detached(worker.url()))
             .book(tokens, tokens)
+    }
+
+    /// Every replica learns a new snapshot of `worker`: each counts its own
+    /// work since the poll from now on (as the mesh does).
+    pub fn learn_poll(&self, worker: &Worker) {
+        for ledger in self.replicas.iter().filter_map(|r| r.get(&worker.id())) {
+            ledger.slot().record_own_poll(&ledger.poll_stamp());
+        }
     }
 
     /// The view of replica `replica` alone (its own slots, shared counters).
@@ -148,16 +164,16 @@ impl ReplicaFleet {
         }
     }
 
-    /// Fleet dispatched token-work for `worker` (the poller's mark).
-    pub fn dispatched(&self, worker: &Worker) -> u64 {
-        self.counts(worker).dispatched
+    /// Fleet token-work routed to `worker` since each replica's poll.
+    pub fn dispatched_since_poll(&self, worker: &Worker) -> u64 {
+        self.counts(worker).dispatched_since_poll
     }
 
-    fn counts(&self, worker: &Worker) -> LedgerCounts {
+    fn counts(&self, worker: &Worker) -> LoadCounts {
         self.replicas
             .iter()
             .filter_map(|slots| slots.get(&worker.id()))
-            .fold(LedgerCounts::default(), |sum, l| sum + l.counts())
+            .fold(LoadCounts::default(), |sum, l| sum + l.counts())
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! Nothing is buffered. The first data frame releases the booking's pending
 //! prefill; the end of the stream, an upstream error, the request deadline
-//! or the client going away (the body is dropped) releases the rest.
+//! or the client going away (the body is dropped) releases the rest, and
+//! ends the request's [`RequestRecord`], so a streamed request is counted
+//! when its stream ends, once.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,8 +16,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::fleet::Booking;
-use crate::telemetry;
+use crate::telemetry::{self, RequestRecord};
+use crate::workers::Booking;
 use crate::workers::Worker;
 
 /// Error type of the streamed body.
@@ -27,42 +29,38 @@ pub struct TrackedBody {
     booking: Option<Booking>,
     worker: Arc<Worker>,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    record: Option<RequestRecord>,
     route: &'static str,
-    status: u16,
     started: Instant,
     saw_data: bool,
 }
 
 impl TrackedBody {
-    /// Wraps `inner`; `deadline` is the end of the request's time budget.
+    /// Wraps `inner`; `deadline` is the end of the request's time budget,
+    /// `record` the request's accounting with the worker's status set.
     pub fn new(
         inner: Incoming,
         booking: Booking,
         worker: Arc<Worker>,
         deadline: tokio::time::Instant,
-        route: &'static str,
-        status: u16,
-        started: Instant,
+        record: RequestRecord,
     ) -> Self {
         Self {
             inner,
             booking: Some(booking),
             worker,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            route,
-            status,
-            started,
+            route: record.route(),
+            started: record.started(),
+            record: Some(record),
             saw_data: false,
         }
     }
 
     fn finish(&mut self, outcome: &'static str) {
         if self.booking.take().is_some() {
-            telemetry::request_done(
-                self.route,
-                self.status,
-                self.started.elapsed().as_secs_f64(),
-            );
+            // Ends the request: it is counted here, once.
+            drop(self.record.take());
             if outcome != "complete" {
                 tracing::debug!(
                     worker = self.worker.url(),

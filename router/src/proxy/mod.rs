@@ -5,28 +5,42 @@
 //! nothing has been sent to the client, so a retry can never duplicate or
 //! splice a response. The last worker's answer passes through once retries
 //! are used up; if none answered, the client gets 502 or 504 with the reason.
+//!
+//! The request path, step by step ([`Forwarder::forward`]):
+//! 1. *candidates*: the available workers, those not tried yet first;
+//! 2. *pick*: the policy chooses one of them;
+//! 3. *attempt*: book the worker, send, classify the answer
+//!    (`Outcome`); a retryable outcome releases the booking, backs off and
+//!    goes back to 1;
+//! 4. *deliver* the answer as a [`TrackedBody`] stream, or *give up* with
+//!    the final 502/504/503.
+//!
+//! The proxy knows nothing of the HTTP front: it owns its client and knobs
+//! ([`Forwarder`]) and borrows the workers to choose from ([`WorkerPool`]).
 
 mod body;
 mod retry;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, StatusCode, header};
 use http_body_util::Full;
+use hyper::body::Incoming;
 
-use crate::http::errors::ApiError;
-use crate::http::state::AppState;
-use crate::request::{RequestInfo, Route};
-use crate::telemetry;
-use crate::upstream;
-use crate::workers::Worker;
+use crate::config::RetryConfig;
+use crate::error::ApiError;
+use crate::fleet::FleetView;
+use crate::policy::Policy;
+use crate::request::RequestInfo;
+use crate::telemetry::{self, RequestRecord};
+use crate::upstream::{self, HttpClient};
+use crate::workers::{Booking, Registry, Worker};
 
 pub use body::TrackedBody;
-pub use retry::RetryConfig;
 
 /// Headers that describe one hop's connection and must not be forwarded.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -66,28 +80,118 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
     )
 }
 
+/// Forwards inference requests to workers: the proxy's own client and
+/// knobs, built once per replica and owned by its state.
+///
+/// Why a type: forwarding needs only these, not the replica's whole state,
+/// so the proxy depends on nothing of the HTTP front.
+#[derive(Debug)]
+pub struct Forwarder {
+    /// Pooled client for proxied requests.
+    pub client: HttpClient,
+    /// Backoff between attempts.
+    pub retry: RetryConfig,
+    /// Retries allowed after the first attempt (0 when retries are off).
+    pub max_retries: u32,
+    /// Whole-request deadline, counted from the request's arrival.
+    pub request_timeout: Duration,
+}
+
+/// The workers one request may go to and how to choose among them,
+/// borrowed from the replica for the duration of the request.
+///
+/// Why a separate borrow: selection reads the registry, the policy and the
+/// fleet view, which the replica owns and shares with other parts.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerPool<'a> {
+    /// Every registered worker.
+    pub registry: &'a Registry,
+    /// Chooses among the candidates and prices the booking.
+    pub policy: &'a dyn Policy,
+    /// The load the policy reads.
+    pub fleet: &'a dyn FleetView,
+}
+
+/// One inference request ready to forward: its body read and inspected.
+///
+/// Why borrowed parts: the handler keeps the incoming request; every
+/// attempt re-sends the same (cheaply cloned) body.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// The client's headers (hop-by-hop ones are dropped when sent).
+    pub headers: &'a HeaderMap,
+    /// Path and query, appended to the worker's base URL.
+    pub path_and_query: &'a str,
+    /// The request body.
+    pub body: Bytes,
+    /// What the policy and the booking read about the request.
+    pub info: &'a RequestInfo,
+}
+
+/// Why an attempt got no response.
 enum Failure {
+    /// Connecting or talking to the worker failed: the reason.
     Transport(String),
+    /// The request deadline passed.
     Timeout,
 }
 
-/// Routes and proxies one inference request whose body was already read.
-pub async fn forward(
-    app: &AppState,
-    route: Route,
-    headers: &HeaderMap,
-    path_and_query: &str,
-    body: Bytes,
-    info: &RequestInfo,
-    started: Instant,
-) -> Response {
-    let deadline = tokio::time::Instant::from_std(started) + app.request_timeout;
-    let max_retries = app.config.max_retries();
-    let mut tried: Vec<Arc<Worker>> = Vec::new();
-    let mut last_failure: Option<Failure> = None;
+/// A worker's response headers, with the booking and worker it belongs to.
+struct Answer {
+    response: http::Response<Incoming>,
+    booking: Booking,
+    worker: Arc<Worker>,
+}
 
-    for attempt in 0..=max_retries {
-        let all = app.registry.all();
+impl Answer {
+    /// Whether another worker may do better (408, 429, 500, 502, 503, 504).
+    fn is_retryable(&self) -> bool {
+        is_retryable(self.response.status())
+    }
+
+    /// Discards the response (nothing of it reached the client) and keeps
+    /// the booking, for [`RetryConfig::release_and_sleep`].
+    fn discard(self) -> Booking {
+        let Self {
+            response, booking, ..
+        } = self;
+        drop(response);
+        booking
+    }
+
+    /// Passes the answer to the client as a stream that releases the
+    /// booking and ends `record` when it ends.
+    fn deliver(self, mut record: RequestRecord, deadline: tokio::time::Instant) -> Response {
+        telemetry::first_byte(record.route(), record.started().elapsed().as_secs_f64());
+        let (mut parts, incoming) = self.response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        record.set_status(parts.status.as_u16());
+        let tracked = TrackedBody::new(incoming, self.booking, self.worker, deadline, record);
+        Response::from_parts(parts, Body::new(tracked))
+    }
+}
+
+/// How one attempt ended.
+enum Outcome {
+    /// The worker answered (any status).
+    Answered(Answer),
+    /// No response: the booking to release and why.
+    Failed(Booking, Failure),
+}
+
+/// Nothing to choose from: the registered workers, to explain why.
+struct NoCandidates(Arc<Vec<Arc<Worker>>>);
+
+impl NoCandidates {
+    fn into_error(self) -> ApiError {
+        ApiError::no_workers(no_workers_reason(&self.0))
+    }
+}
+
+impl WorkerPool<'_> {
+    /// The available workers, only those not in `tried` while any is left.
+    fn candidates(&self, tried: &[Arc<Worker>]) -> Result<Vec<Arc<Worker>>, NoCandidates> {
+        let all = self.registry.all();
         let available: Vec<Arc<Worker>> =
             all.iter().filter(|w| w.is_available()).cloned().collect();
         // Prefer workers not tried yet; fall back to all available ones.
@@ -102,115 +206,169 @@ pub async fn forward(
             untried
         };
         if candidates.is_empty() {
-            if last_failure.is_none() {
-                let error = ApiError::no_workers(no_workers_reason(&all));
-                telemetry::request_done(
-                    route.label(),
-                    error.status.as_u16(),
-                    started.elapsed().as_secs_f64(),
-                );
-                return error.into_response();
-            }
-            break;
+            return Err(NoCandidates(all));
         }
-        let Some(worker) = app
-            .policy
-            .select(&candidates, info, app.fleet.as_ref())
-            .and_then(|i| candidates.get(i).cloned())
-        else {
-            let error =
-                ApiError::no_workers(format!("policy {} selected no worker", app.policy.name()));
-            telemetry::request_done(
-                route.label(),
-                error.status.as_u16(),
-                started.elapsed().as_secs_f64(),
-            );
-            return error.into_response();
-        };
-        let booking = worker
-            .ledger()
-            .book(info.prompt_tokens, app.policy.token_work(info));
-        tried.push(worker.clone());
-        let has_retry_left = attempt < max_retries && tokio::time::Instant::now() < deadline;
+        Ok(candidates)
+    }
 
-        let request = match build_request(&worker, headers, path_and_query, body.clone()) {
-            Ok(request) => request,
-            Err(err) => {
-                return ApiError::bad_request(
-                    "bad_path",
-                    format!("cannot forward to {}: {err}", worker.url()),
-                )
-                .into_response();
+    /// The policy's choice among `candidates`; a refusal is a 503.
+    fn pick(
+        &self,
+        candidates: &[Arc<Worker>],
+        info: &RequestInfo,
+    ) -> Result<Arc<Worker>, ApiError> {
+        self.policy
+            .select(candidates, info, self.fleet)
+            .and_then(|i| candidates.get(i).cloned())
+            .ok_or_else(|| {
+                ApiError::no_workers(format!("policy {} selected no worker", self.policy.name()))
+            })
+    }
+}
+
+impl Forwarder {
+    /// Routes and proxies one inference request whose body was already
+    /// read; `record` is the request's accounting, ended on every exit:
+    /// by the streamed answer's end, or here with the error sent instead.
+    pub async fn forward(
+        &self,
+        workers: WorkerPool<'_>,
+        request: Outgoing<'_>,
+        record: RequestRecord,
+    ) -> Response {
+        let deadline = tokio::time::Instant::from_std(record.started()) + self.request_timeout;
+        match self
+            .attempts(workers, &request, record.route(), deadline)
+            .await
+        {
+            Ok(answer) => answer.deliver(record, deadline),
+            Err(error) => record.respond(error.into_response()),
+        }
+    }
+
+    /// Tries workers until one gives an answer to pass on, or gives up.
+    ///
+    /// A retry happens only before anything reached the client (nothing
+    /// has: the answer is returned, not streamed, from here), goes to an
+    /// untried worker first, and releases the failed booking before it
+    /// backs off.
+    async fn attempts(
+        &self,
+        workers: WorkerPool<'_>,
+        request: &Outgoing<'_>,
+        route: &'static str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Answer, ApiError> {
+        let mut tried: Vec<Arc<Worker>> = Vec::new();
+        let mut last_failure: Option<Failure> = None;
+        for attempt in 0..=self.max_retries {
+            let candidates = match workers.candidates(&tried) {
+                Ok(candidates) => candidates,
+                // Nothing failed yet: explain why nothing is available.
+                Err(none) if last_failure.is_none() => return Err(none.into_error()),
+                // Every worker failed: report the last failure.
+                Err(_) => break,
+            };
+            let worker = workers.pick(&candidates, request.info)?;
+            tried.push(worker.clone());
+            let has_retry_left =
+                attempt < self.max_retries && tokio::time::Instant::now() < deadline;
+            let token_work = workers.policy.token_work(request.info);
+            match self
+                .attempt(worker, request, token_work, attempt, deadline)
+                .await?
+            {
+                Outcome::Answered(answer) if answer.is_retryable() && has_retry_left => {
+                    let status = answer.response.status();
+                    tracing::info!(worker = answer.worker.url(), attempt, %status, "retrying on another worker");
+                    telemetry::retry(route, "status");
+                    self.retry
+                        .release_and_sleep(answer.discard(), attempt, deadline)
+                        .await;
+                }
+                Outcome::Answered(answer) => return Ok(answer),
+                Outcome::Failed(booking, failure @ Failure::Transport(_)) if has_retry_left => {
+                    last_failure = Some(failure);
+                    telemetry::retry(route, "transport");
+                    self.retry
+                        .release_and_sleep(booking, attempt, deadline)
+                        .await;
+                }
+                Outcome::Failed(_booking, failure) => {
+                    last_failure = Some(failure);
+                    break;
+                }
             }
-        };
-        let sent = tokio::time::timeout_at(deadline, app.client.request(request)).await;
-        let response = match sent {
+        }
+        Err(self.give_up(last_failure, tried.len()))
+    }
+
+    /// One attempt on `worker`: book it, send, and classify what came back
+    /// (recording it on the worker's circuit breaker). `Err` only when the
+    /// request cannot even be built for this worker (`bad_path`, 400).
+    async fn attempt(
+        &self,
+        worker: Arc<Worker>,
+        request: &Outgoing<'_>,
+        token_work: u64,
+        attempt: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<Outcome, ApiError> {
+        let booking = worker.ledger().book(request.info.prompt_tokens, token_work);
+        let upstream_request = build_request(
+            &worker,
+            request.headers,
+            request.path_and_query,
+            request.body.clone(),
+        )
+        .map_err(|err| {
+            ApiError::bad_request(
+                "bad_path",
+                format!("cannot forward to {}: {err}", worker.url()),
+            )
+        })?;
+        let sent = tokio::time::timeout_at(deadline, self.client.request(upstream_request)).await;
+        match sent {
             Err(_elapsed) => {
                 worker.breaker().record_failure();
-                last_failure = Some(Failure::Timeout);
-                break;
+                Ok(Outcome::Failed(booking, Failure::Timeout))
             }
             Ok(Err(err)) => {
                 worker.breaker().record_failure();
                 let reason = upstream::error_chain(&err);
                 tracing::warn!(worker = worker.url(), attempt, error = %reason, "worker request failed");
-                last_failure = Some(Failure::Transport(format!("{}: {reason}", worker.url())));
-                if has_retry_left {
-                    telemetry::retry(route.label(), "transport");
-                    app.retry.sleep(attempt, deadline).await;
-                    continue;
-                }
-                break;
+                let failure = Failure::Transport(format!("{}: {reason}", worker.url()));
+                Ok(Outcome::Failed(booking, failure))
             }
-            Ok(Ok(response)) => response,
-        };
-
-        let status = response.status();
-        if status.is_server_error() {
-            worker.breaker().record_failure();
-        } else {
-            worker.breaker().record_success();
+            Ok(Ok(response)) => {
+                if response.status().is_server_error() {
+                    worker.breaker().record_failure();
+                } else {
+                    worker.breaker().record_success();
+                }
+                Ok(Outcome::Answered(Answer {
+                    response,
+                    booking,
+                    worker,
+                }))
+            }
         }
-        if is_retryable(status) && has_retry_left {
-            tracing::info!(worker = worker.url(), attempt, %status, "retrying on another worker");
-            telemetry::retry(route.label(), "status");
-            drop(response);
-            drop(booking);
-            app.retry.sleep(attempt, deadline).await;
-            continue;
-        }
-        telemetry::first_byte(route.label(), started.elapsed().as_secs_f64());
-        let (mut parts, incoming) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        let tracked = TrackedBody::new(
-            incoming,
-            booking,
-            worker,
-            deadline,
-            route.label(),
-            status.as_u16(),
-            started,
-        );
-        return Response::from_parts(parts, Body::new(tracked));
     }
 
-    let error = match last_failure {
-        Some(Failure::Timeout) => ApiError::gateway_timeout(format!(
-            "no worker answered within --request-timeout-secs ({}s)",
-            app.request_timeout.as_secs()
-        )),
-        Some(Failure::Transport(reason)) => ApiError::bad_gateway(format!(
-            "all {} attempt(s) failed; last: {reason}",
-            tried.len()
-        )),
-        None => ApiError::no_workers("no worker available"),
-    };
-    telemetry::request_done(
-        route.label(),
-        error.status.as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    error.into_response()
+    /// The error sent when no attempt produced an answer to pass on:
+    /// 504 after the deadline, 502 after transport failures, else 503.
+    fn give_up(&self, last_failure: Option<Failure>, attempts: usize) -> ApiError {
+        match last_failure {
+            Some(Failure::Timeout) => ApiError::gateway_timeout(format!(
+                "no worker answered within --request-timeout-secs ({}s)",
+                self.request_timeout.as_secs()
+            )),
+            Some(Failure::Transport(reason)) => {
+                ApiError::bad_gateway(format!("all {attempts} attempt(s) failed; last: {reason}"))
+            }
+            None => ApiError::no_workers("no worker available"),
+        }
+    }
 }
 
 fn build_request(
@@ -229,9 +387,4 @@ fn build_request(
     }
     strip_hop_by_hop(forwarded);
     Ok(request)
-}
-
-/// Timeout for the whole request, from the config.
-pub fn request_timeout(config: &crate::config::Config) -> Duration {
-    Duration::from_secs(config.request_timeout_secs)
 }

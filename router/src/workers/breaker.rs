@@ -13,46 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::config::{Config, defaults};
-
-/// Circuit-breaker knobs, from the `--cb-*` flags.
-#[derive(Debug, Clone)]
-pub struct BreakerConfig {
-    /// False when `--disable-circuit-breaker` is set.
-    pub enabled: bool,
-    /// Consecutive failures that open the circuit.
-    pub failure_threshold: u32,
-    /// Consecutive half-open successes that close it.
-    pub success_threshold: u32,
-    /// Time an open circuit waits before half-opening.
-    pub timeout: Duration,
-    /// Failures older than this restart the count.
-    pub window: Duration,
-}
-
-impl Default for BreakerConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            failure_threshold: defaults::CB_FAILURE_THRESHOLD,
-            success_threshold: defaults::CB_SUCCESS_THRESHOLD,
-            timeout: Duration::from_secs(defaults::CB_TIMEOUT_DURATION_SECS),
-            window: Duration::from_secs(defaults::CB_WINDOW_DURATION_SECS),
-        }
-    }
-}
-
-impl From<&Config> for BreakerConfig {
-    fn from(config: &Config) -> Self {
-        Self {
-            enabled: !config.disable_circuit_breaker,
-            failure_threshold: config.cb_failure_threshold,
-            success_threshold: config.cb_success_threshold,
-            timeout: Duration::from_secs(config.cb_timeout_duration_secs),
-            window: Duration::from_secs(config.cb_window_duration_secs),
-        }
-    }
-}
+use crate::config::BreakerConfig;
 
 /// Where a circuit stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -102,6 +63,8 @@ struct Counts {
 #[derive(Debug)]
 pub struct CircuitBreaker {
     config: BreakerConfig,
+    /// `config.timeout()`, kept apart so tests can use a sub-second one.
+    timeout: Duration,
     state: AtomicU8,
     counts: Mutex<Counts>,
 }
@@ -110,6 +73,7 @@ impl CircuitBreaker {
     /// A closed breaker.
     pub fn new(config: BreakerConfig) -> Self {
         Self {
+            timeout: config.timeout(),
             config,
             state: AtomicU8::new(CircuitState::Closed.code()),
             counts: Mutex::new(Counts {
@@ -130,7 +94,7 @@ impl CircuitBreaker {
 
     /// Whether a request may be sent now. Lock-free unless the circuit is open.
     pub fn allows(&self) -> bool {
-        if !self.config.enabled {
+        if !self.config.enabled() {
             return true;
         }
         if CircuitState::from_code(self.state.load(Ordering::Relaxed)) != CircuitState::Open {
@@ -140,7 +104,7 @@ impl CircuitBreaker {
         if counts.state == CircuitState::Open
             && counts
                 .opened_at
-                .is_some_and(|at| at.elapsed() >= self.config.timeout)
+                .is_some_and(|at| at.elapsed() >= self.timeout)
         {
             self.set(&mut counts, CircuitState::HalfOpen);
         }
@@ -149,7 +113,7 @@ impl CircuitBreaker {
 
     /// Records a request that the worker served.
     pub fn record_success(&self) {
-        if !self.config.enabled {
+        if !self.config.enabled() {
             return;
         }
         let mut counts = self.lock();
@@ -157,7 +121,7 @@ impl CircuitBreaker {
         counts.first_failure = None;
         if counts.state == CircuitState::HalfOpen {
             counts.successes += 1;
-            if counts.successes >= self.config.success_threshold {
+            if counts.successes >= self.config.cb_success_threshold {
                 self.set(&mut counts, CircuitState::Closed);
             }
         }
@@ -165,7 +129,7 @@ impl CircuitBreaker {
 
     /// Records a connect error, timeout or 5xx from the worker.
     pub fn record_failure(&self) {
-        if !self.config.enabled {
+        if !self.config.enabled() {
             return;
         }
         let mut counts = self.lock();
@@ -176,13 +140,13 @@ impl CircuitBreaker {
                 let now = Instant::now();
                 let window_over = counts
                     .first_failure
-                    .is_some_and(|first| now.duration_since(first) > self.config.window);
+                    .is_some_and(|first| now.duration_since(first) > self.config.window());
                 if window_over || counts.first_failure.is_none() {
                     counts.first_failure = Some(now);
                     counts.failures = 0;
                 }
                 counts.failures += 1;
-                if counts.failures >= self.config.failure_threshold {
+                if counts.failures >= self.config.cb_failure_threshold {
                     self.set(&mut counts, CircuitState::Open);
                 }
             }
@@ -209,13 +173,14 @@ mod tests {
     use super::*;
 
     fn breaker(timeout_ms: u64) -> CircuitBreaker {
-        CircuitBreaker::new(BreakerConfig {
-            enabled: true,
-            failure_threshold: 3,
-            success_threshold: 2,
-            timeout: Duration::from_millis(timeout_ms),
-            window: Duration::from_secs(60),
-        })
+        let mut breaker = CircuitBreaker::new(BreakerConfig {
+            cb_failure_threshold: 3,
+            cb_success_threshold: 2,
+            cb_window_duration_secs: 60,
+            ..BreakerConfig::default()
+        });
+        breaker.timeout = Duration::from_millis(timeout_ms);
+        breaker
     }
 
     #[test]
@@ -258,7 +223,7 @@ mod tests {
     #[test]
     fn disabled_breaker_always_allows() {
         let cb = CircuitBreaker::new(BreakerConfig {
-            enabled: false,
+            disable_circuit_breaker: true,
             ..BreakerConfig::default()
         });
         for _ in 0..100 {

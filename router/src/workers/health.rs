@@ -3,11 +3,11 @@
 //! `--health-success-threshold` passed ones.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::join_all;
 
 use super::{Registry, Worker};
+use crate::config::HealthConfig;
 use crate::telemetry;
 use crate::upstream::{self, HttpClient};
 
@@ -16,33 +16,6 @@ use crate::upstream::{self, HttpClient};
 pub struct Streak {
     passed: u32,
     failed: u32,
-}
-
-/// Health-check knobs, from the `--health-*` flags.
-#[derive(Debug, Clone)]
-pub struct HealthConfig {
-    /// Time between rounds.
-    pub interval: Duration,
-    /// Deadline of one probe.
-    pub timeout: Duration,
-    /// Failed probes in a row that mark a worker unhealthy.
-    pub failure_threshold: u32,
-    /// Passed probes in a row that mark it healthy again.
-    pub success_threshold: u32,
-    /// Path probed.
-    pub endpoint: String,
-}
-
-impl From<&crate::config::Config> for HealthConfig {
-    fn from(config: &crate::config::Config) -> Self {
-        Self {
-            interval: Duration::from_secs(config.health_check_interval_secs),
-            timeout: Duration::from_secs(config.health_check_timeout_secs),
-            failure_threshold: config.health_failure_threshold,
-            success_threshold: config.health_success_threshold,
-            endpoint: config.health_check_endpoint.clone(),
-        }
-    }
 }
 
 /// Applies one probe result to a worker; returns true if its health changed.
@@ -60,9 +33,9 @@ pub fn record_probe(worker: &Worker, passed: bool, config: &HealthConfig) -> boo
     }
     let was = worker.is_healthy();
     let now = if was {
-        streak.failed < config.failure_threshold
+        streak.failed < config.health_failure_threshold
     } else {
-        streak.passed >= config.success_threshold
+        streak.passed >= config.health_success_threshold
     };
     if now != was {
         worker.set_healthy(now);
@@ -79,8 +52,8 @@ async fn probe(client: &HttpClient, worker: &Worker, config: &HealthConfig) -> b
     match upstream::get(
         client,
         worker.url(),
-        &config.endpoint,
-        config.timeout,
+        &config.health_check_endpoint,
+        config.timeout(),
         64 * 1024,
     )
     .await
@@ -99,7 +72,7 @@ async fn probe(client: &HttpClient, worker: &Worker, config: &HealthConfig) -> b
 
 /// Probes every registered worker each interval, forever.
 pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConfig) {
-    let mut ticker = tokio::time::interval(config.interval);
+    let mut ticker = tokio::time::interval(config.interval());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
@@ -110,7 +83,7 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
             async move {
                 let passed = probe(client, worker, config).await;
                 record_probe(worker, passed, config);
-                telemetry::worker_health(worker);
+                telemetry::worker_health(worker.url(), worker.is_healthy());
             }
         });
         join_all(probes).await;
@@ -120,16 +93,16 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::BreakerConfig;
+    use crate::config::BreakerConfig;
 
     #[test]
     fn thresholds_apply_to_consecutive_results() {
         let config = HealthConfig {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            failure_threshold: 2,
-            success_threshold: 2,
-            endpoint: "/health".into(),
+            health_check_interval_secs: 1,
+            health_check_timeout_secs: 1,
+            health_failure_threshold: 2,
+            health_success_threshold: 2,
+            health_check_endpoint: "/health".into(),
         };
         let worker = Worker::new("http://w:1".into(), BreakerConfig::default());
         assert!(!record_probe(&worker, false, &config));

@@ -5,56 +5,31 @@
 
 mod breaker;
 pub mod health;
+mod ledger;
+mod snapshot_cell;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use http::Uri;
 use serde::Serialize;
 use shoal_mesh::Mesh;
 use shoal_proto::LoadSnapshot;
 
-use crate::fleet::{Ledger, SnapshotCell};
+use crate::config::BreakerConfig;
 
-pub use breaker::{BreakerConfig, CircuitBreaker, CircuitState};
+pub use breaker::{CircuitBreaker, CircuitState};
+pub use ledger::{Booking, Ledger};
+pub use snapshot_cell::{SnapshotCell, SnapshotReading};
 
-/// Checks and normalises a worker base URL: `http://host[:port][/prefix]`,
-/// no query, no trailing slash. Only plain HTTP is proxied for now.
-pub fn normalize_url(text: &str) -> Result<String, String> {
-    let trimmed = text.trim().trim_end_matches('/');
-    let uri: Uri = trimmed
-        .parse()
-        .map_err(|err| format!("`{text}` is not a URL: {err}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => {
-            return Err(format!(
-                "`{text}`: scheme `{other}` is not supported (use http://)"
-            ));
-        }
-        None => return Err(format!("`{text}` needs a scheme, e.g. http://{text}")),
-    }
-    let Some(authority) = uri.authority() else {
-        return Err(format!("`{text}` has no host"));
-    };
-    if authority.host().is_empty() {
-        return Err(format!("`{text}` has no host"));
-    }
-    if uri.query().is_some() {
-        return Err(format!("`{text}` must not carry a query string"));
-    }
-    Ok(trimmed.to_string())
-}
-
-/// A polled snapshot together with the local instant it was stored, so its
-/// age can be measured on the monotonic clock.
+/// A polled snapshot together with the local instant its poll started, so
+/// its age can be measured on the monotonic clock.
 #[derive(Debug, Clone)]
 pub struct StoredSnapshot {
     /// What the engine reported.
     pub snapshot: LoadSnapshot,
-    /// When this replica stored it.
+    /// When the poll that produced it started.
     pub stored_at: Instant,
 }
 
@@ -73,9 +48,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker that starts in rotation (optimistic until a check fails).
+    /// A worker that starts in rotation (optimistic until a check fails),
+    /// booking into a ledger of its own (a replica routing alone).
     pub fn new(url: String, breaker: BreakerConfig) -> Self {
-        Self::with_ledger(url, breaker, Ledger::default())
+        let ledger = Ledger::detached(&url);
+        Self::with_ledger(url, breaker, ledger)
     }
 
     /// A worker whose bookings go to `ledger` (a mesh slot when meshed).
@@ -135,14 +112,13 @@ impl Worker {
         &self.snapshot_cell
     }
 
-    /// Replaces the latest snapshot.
-    pub fn store_snapshot(&self, snapshot: LoadSnapshot) {
-        let stored_at = Instant::now();
-        self.snapshot_cell
-            .store(stored_at, snapshot.dispatched_mark, &snapshot.load);
+    /// Replaces the latest snapshot this replica polled itself, taken when
+    /// the poll started at `taken_at`.
+    pub fn store_snapshot(&self, snapshot: LoadSnapshot, taken_at: Instant) {
+        self.snapshot_cell.store(taken_at, &snapshot.load);
         self.snapshot.store(Arc::new(Some(StoredSnapshot {
             snapshot,
-            stored_at,
+            stored_at: taken_at,
         })));
     }
 
@@ -179,8 +155,8 @@ impl WorkerStatus {
             url: worker.url.clone(),
             healthy: worker.is_healthy(),
             circuit: worker.breaker.state(),
-            inflight_requests: worker.ledger.inflight_requests(),
-            inflight_tokens: worker.ledger.inflight_tokens(),
+            inflight_requests: worker.ledger.counts().requests,
+            inflight_tokens: worker.ledger.counts().tokens,
             snapshot: stored.map(|s| s.snapshot.clone()),
             snapshot_age_ms: stored
                 .map(|s| u64::try_from(s.stored_at.elapsed().as_millis()).unwrap_or(u64::MAX)),
@@ -205,22 +181,31 @@ pub struct Registry {
     workers: ArcSwap<Vec<Arc<Worker>>>,
     breaker: BreakerConfig,
     mesh: Option<Arc<Mesh>>,
+    polls: bool,
     write: std::sync::Mutex<()>,
 }
 
 impl Registry {
     /// A registry holding `urls` (already normalised), in order, deduplicated.
     pub fn new(urls: &[String], breaker: BreakerConfig) -> Self {
-        Self::with_mesh(urls, breaker, None)
+        Self::with_mesh(urls, breaker, None, true)
     }
 
     /// Like [`Registry::new`]; with a mesh, every worker books into its
-    /// mesh slot so peers see this replica's load.
-    pub fn with_mesh(urls: &[String], breaker: BreakerConfig, mesh: Option<Arc<Mesh>>) -> Self {
+    /// mesh slot so peers see this replica's load. `polls` says whether
+    /// this replica polls its workers' load (peers split polling among
+    /// those that do).
+    pub fn with_mesh(
+        urls: &[String],
+        breaker: BreakerConfig,
+        mesh: Option<Arc<Mesh>>,
+        polls: bool,
+    ) -> Self {
         let registry = Self {
             workers: ArcSwap::from_pointee(Vec::new()),
             breaker,
             mesh,
+            polls,
             write: std::sync::Mutex::new(()),
         };
         let mut workers: Vec<Arc<Worker>> = Vec::with_capacity(urls.len());
@@ -235,10 +220,30 @@ impl Registry {
 
     fn make_worker(&self, url: String) -> Arc<Worker> {
         let ledger = match &self.mesh {
-            Some(mesh) => Ledger::meshed(mesh.worker(&url)),
-            None => Ledger::default(),
+            Some(mesh) => Ledger::new(mesh.worker(&url)),
+            None => Ledger::detached(&url),
         };
+        // Peers share poll ownership only among replicas that poll.
+        ledger.slot().set_polled(self.polls);
         Arc::new(Worker::with_ledger(url, self.breaker.clone(), ledger))
+    }
+
+    /// Refreshes the per-worker metrics (in-flight, circuit, health) and
+    /// the worker counts, just before a scrape renders them.
+    pub fn record_gauges(&self) {
+        let workers = self.all();
+        for worker in workers.iter() {
+            let ledger = worker.ledger();
+            crate::telemetry::worker_gauges(
+                worker.url(),
+                ledger.counts().requests,
+                ledger.counts().tokens,
+                worker.breaker().state().as_gauge(),
+            );
+            crate::telemetry::worker_health(worker.url(), worker.is_healthy());
+        }
+        let available = workers.iter().filter(|w| w.is_available()).count();
+        crate::telemetry::worker_counts(workers.len(), available);
     }
 
     /// A consistent snapshot of all workers.
@@ -271,6 +276,8 @@ impl Registry {
         let mut next: Vec<Arc<Worker>> = current.as_ref().clone();
         let removed = next.remove(position);
         self.workers.store(Arc::new(next));
+        // No longer polled here: peers must not leave it to this replica.
+        removed.ledger().slot().set_polled(false);
         Ok(removed)
     }
 }
@@ -278,30 +285,6 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_are_normalised_and_checked() {
-        assert_eq!(
-            normalize_url("http://127.0.0.1:8000/").unwrap(),
-            "http://127.0.0.1:8000"
-        );
-        assert_eq!(
-            normalize_url(" http://engine:8000/v1prefix ").unwrap(),
-            "http://engine:8000/v1prefix"
-        );
-        assert!(
-            normalize_url("127.0.0.1:8000")
-                .unwrap_err()
-                .contains("scheme")
-        );
-        assert!(normalize_url("ftp://x").unwrap_err().contains("ftp"));
-        assert!(
-            normalize_url("http://x/?a=1")
-                .unwrap_err()
-                .contains("query")
-        );
-        assert!(normalize_url("not a url").is_err());
-    }
 
     #[test]
     fn registry_adds_and_removes_once() {

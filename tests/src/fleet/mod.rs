@@ -1,7 +1,8 @@
 //! A harness of real `shoal` replicas on loopback: certificates from
 //! `shoal mesh gen-certs`, free ports, one child process per replica (named
 //! `a`, `b`, `c`, ...), their `/mesh/status`, and the faults the tests need
-//! (`kill -9`, SIGTERM, restart with the same name and ports).
+//! (`kill -9`, SIGTERM, restart with the same name and ports, and replicas
+//! added later under new names: [`Fleet::add_replica`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), shoal_tests::fleet::FleetError> {
@@ -54,11 +55,15 @@ pub struct FleetConfig {
     /// Join the replicas in a mesh (certificates, gossip and QUIC ports).
     pub mesh: bool,
     /// Replica `i` serves HTTP on `base_port + i`; 0 picks free ports.
+    /// Replicas added later ([`Fleet::add_replica`]) always get free ports.
     pub base_port: u16,
     /// Extra flags given to every replica.
     pub args: Vec<String>,
     /// How long a replica may take to log its address.
     pub start_timeout: Duration,
+    /// Names of replicas to be added later with [`Fleet::add_replica`]:
+    /// their certificates are made up front with the others' (one CA).
+    pub spare_names: Vec<String>,
 }
 
 impl FleetConfig {
@@ -72,7 +77,19 @@ impl FleetConfig {
             base_port: 0,
             args: Vec::new(),
             start_timeout: Duration::from_secs(30),
+            spare_names: Vec::new(),
         }
+    }
+
+    /// Also makes certificates for `names`, so replicas of those names can
+    /// join later ([`Fleet::add_replica`]).
+    pub fn spare_names<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spare_names.extend(names.into_iter().map(Into::into));
+        self
     }
 
     /// Turns the mesh on or off (off: independent replicas, the control).
@@ -116,6 +133,11 @@ pub struct Fleet {
     dir: tempfile::TempDir,
     bin: PathBuf,
     start_timeout: Duration,
+    mesh: bool,
+    worker_urls: Vec<String>,
+    extra_args: Vec<String>,
+    /// Names with a certificate in `dir` (mesh on).
+    cert_names: Vec<String>,
     replicas: Vec<Replica>,
     client: HttpClient,
 }
@@ -135,9 +157,18 @@ impl Fleet {
             .tempdir()
             .map_err(|e| FleetError(format!("cannot create a temporary directory: {e}")))?;
         let names: Vec<String> = NAMES.chars().take(n).map(String::from).collect();
-        if cfg.mesh {
-            process::gen_certs(&cfg.shoal_bin, dir.path(), &names)?;
+        if let Some(dup) = cfg.spare_names.iter().find(|s| names.contains(s)) {
+            return Err(FleetError(format!(
+                "spare name {dup} is also a replica's name ({names:?})"
+            )));
         }
+        let cert_names: Vec<String> = if cfg.mesh {
+            let all: Vec<String> = names.iter().chain(&cfg.spare_names).cloned().collect();
+            process::gen_certs(&cfg.shoal_bin, dir.path(), &all)?;
+            all
+        } else {
+            Vec::new()
+        };
         let (tcp, udp) = free_ports(if cfg.base_port == 0 { n } else { 0 }, 2 * n)?;
         let http_ports: Vec<u16> = if cfg.base_port == 0 {
             tcp
@@ -151,68 +182,123 @@ impl Fleet {
                 .collect::<Option<Vec<u16>>>()
                 .ok_or_else(|| FleetError(format!("--base-port {} is too high", cfg.base_port)))?
         };
-        let mut replicas = Vec::with_capacity(n);
-        for (i, name) in names.iter().enumerate() {
-            let (gossip_port, quic_port) = (udp[2 * i], udp[2 * i + 1]);
-            let mut args: Vec<String> = vec![
-                "--host".into(),
-                "127.0.0.1".into(),
-                "--port".into(),
-                http_ports[i].to_string(),
-            ];
-            if !cfg.worker_urls.is_empty() {
-                args.extend(["--worker-urls".into(), cfg.worker_urls.join(",")]);
-            }
-            if cfg.mesh {
-                let peers: Vec<String> = (0..n)
-                    .filter(|&j| j != i)
-                    .map(|j| format!("127.0.0.1:{}", udp[2 * j]))
-                    .collect();
-                let file = |f: String| dir.path().join(f).to_string_lossy().into_owned();
-                args.extend([
-                    "--mesh-name".into(),
-                    name.clone(),
-                    "--mesh-host".into(),
-                    "127.0.0.1".into(),
-                    "--mesh-advertise-host".into(),
-                    "127.0.0.1".into(),
-                    "--mesh-port".into(),
-                    gossip_port.to_string(),
-                    "--mesh-quic-port".into(),
-                    quic_port.to_string(),
-                    "--mesh-tls-ca".into(),
-                    file("ca.pem".into()),
-                    "--mesh-tls-cert".into(),
-                    file(format!("{name}.pem")),
-                    "--mesh-tls-key".into(),
-                    file(format!("{name}-key.pem")),
-                ]);
-                if !peers.is_empty() {
-                    args.extend(["--mesh-peer-urls".into(), peers.join(",")]);
-                }
-            }
-            args.extend(cfg.args.iter().cloned());
-            replicas.push(Replica {
-                name: name.clone(),
-                http_port: http_ports[i],
-                gossip_port,
-                quic_port,
-                args,
-                log: dir.path().join(format!("{name}.log")),
-                child: None,
-            });
-        }
         let mut fleet = Self {
             dir,
             bin: cfg.shoal_bin,
             start_timeout: cfg.start_timeout,
-            replicas,
+            mesh: cfg.mesh,
+            worker_urls: cfg.worker_urls,
+            extra_args: cfg.args,
+            cert_names,
+            replicas: Vec::with_capacity(n),
             client: HttpClient::new(),
         };
+        for (i, name) in names.iter().enumerate() {
+            let peers: Vec<String> = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| format!("127.0.0.1:{}", udp[2 * j]))
+                .collect();
+            let replica = fleet.replica(name, http_ports[i], udp[2 * i], udp[2 * i + 1], &peers);
+            fleet.replicas.push(replica);
+        }
         for i in 0..n {
             fleet.restart(i).await?;
         }
         Ok(fleet)
+    }
+
+    /// A replica's record with its command line (not started).
+    fn replica(
+        &self,
+        name: &str,
+        http_port: u16,
+        gossip_port: u16,
+        quic_port: u16,
+        peers: &[String],
+    ) -> Replica {
+        let mut args: Vec<String> = vec![
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            http_port.to_string(),
+        ];
+        if !self.worker_urls.is_empty() {
+            args.extend(["--worker-urls".into(), self.worker_urls.join(",")]);
+        }
+        if self.mesh {
+            let file = |f: String| self.dir.path().join(f).to_string_lossy().into_owned();
+            args.extend([
+                "--mesh-name".into(),
+                name.to_string(),
+                "--mesh-host".into(),
+                "127.0.0.1".into(),
+                "--mesh-advertise-host".into(),
+                "127.0.0.1".into(),
+                "--mesh-port".into(),
+                gossip_port.to_string(),
+                "--mesh-quic-port".into(),
+                quic_port.to_string(),
+                "--mesh-tls-ca".into(),
+                file("ca.pem".into()),
+                "--mesh-tls-cert".into(),
+                file(format!("{name}.pem")),
+                "--mesh-tls-key".into(),
+                file(format!("{name}-key.pem")),
+            ]);
+            if !peers.is_empty() {
+                args.extend(["--mesh-peer-urls".into(), peers.join(",")]);
+            }
+        }
+        args.extend(self.extra_args.iter().cloned());
+        Replica {
+            name: name.to_string(),
+            http_port,
+            gossip_port,
+            quic_port,
+            args,
+            log: self.dir.path().join(format!("{name}.log")),
+            child: None,
+        }
+    }
+
+    /// Starts a new replica named `name` (a new node, not a restart) on free
+    /// ports, seeded with the gossip addresses of the running replicas, and
+    /// returns its index once it has logged its address. Its certificate
+    /// must have been made up front: list the name in
+    /// [`FleetConfig::spare_names`]. It is not waited for to mesh (see
+    /// [`Fleet::wait_joined`] and [`Fleet::wait_meshed`]).
+    pub async fn add_replica(&mut self, name: &str) -> Result<usize, FleetError> {
+        if !self.mesh {
+            return Err(FleetError(
+                "add_replica needs a meshed fleet (FleetConfig::mesh(true))".into(),
+            ));
+        }
+        if self.replicas.iter().any(|r| r.name == name) {
+            return Err(FleetError(format!(
+                "a replica named {name} exists already (use restart for a new incarnation)"
+            )));
+        }
+        if !self.cert_names.iter().any(|c| c == name) {
+            return Err(FleetError(format!(
+                "no certificate for {name}: list it in FleetConfig::spare_names \
+                 (certificates exist for {:?})",
+                self.cert_names
+            )));
+        }
+        let (tcp, udp) = free_ports(1, 2)?;
+        let peers: Vec<String> = self
+            .running()
+            .into_iter()
+            .map(|i| self.gossip_addr(i))
+            .collect();
+        let replica = self.replica(name, tcp[0], udp[0], udp[1], &peers);
+        self.replicas.push(replica);
+        let i = self.replicas.len() - 1;
+        if let Err(e) = self.restart(i).await {
+            self.replicas.pop();
+            return Err(e);
+        }
+        Ok(i)
     }
 
     /// Number of replicas (running or not).
@@ -270,6 +356,16 @@ impl Fleet {
         self.replicas[i].child.as_ref().map(Child::id)
     }
 
+    /// Whether replica `i` has a process (started and not reaped).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.replicas[i].child.is_some()
+    }
+
+    /// Indexes of the running replicas.
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.len()).filter(|&i| self.is_running(i)).collect()
+    }
+
     /// `GET /mesh/status` of replica `i`.
     pub async fn status(&self, i: usize) -> Result<MeshStatus, FleetError> {
         let url = format!("{}/mesh/status", self.url(i));
@@ -291,10 +387,22 @@ impl Fleet {
 
     /// Waits until every running replica counts every other running one.
     pub async fn wait_meshed(&self, timeout: Duration) -> Result<(), FleetError> {
+        self.wait_counting(timeout, true).await
+    }
+
+    /// Waits until every running replica counts every other running one,
+    /// allowing extra counted names (e.g. a replica killed a moment ago that
+    /// the others have not yet found dead). [`Fleet::wait_meshed`] is the
+    /// exact form.
+    pub async fn wait_joined(&self, timeout: Duration) -> Result<(), FleetError> {
+        self.wait_counting(timeout, false).await
+    }
+
+    /// Waits until each running replica counts the other running ones:
+    /// exactly those when `exact`, at least those otherwise.
+    async fn wait_counting(&self, timeout: Duration, exact: bool) -> Result<(), FleetError> {
         let deadline = Instant::now() + timeout;
-        let running: Vec<usize> = (0..self.len())
-            .filter(|&i| self.replicas[i].child.is_some())
-            .collect();
+        let running = self.running();
         for &i in &running {
             let mut want: Vec<&str> = running
                 .iter()
@@ -304,10 +412,16 @@ impl Fleet {
             want.sort_unstable();
             loop {
                 let seen = self.status(i).await;
-                if let Ok(s) = &seen
-                    && s.counted_names() == want
-                {
-                    break;
+                if let Ok(s) = &seen {
+                    let counted = s.counted_names();
+                    let done = if exact {
+                        counted == want
+                    } else {
+                        want.iter().all(|w| counted.contains(w))
+                    };
+                    if done {
+                        break;
+                    }
                 }
                 if Instant::now() >= deadline {
                     let seen = match seen {

@@ -27,6 +27,8 @@ pub struct MeshStatus {
     pub workers: Vec<WorkerLoad>,
     /// Frames, bytes and convergence lag, as sent.
     pub traffic: Value,
+    /// What the node's fleet state holds (newer replicas only), as sent.
+    pub footprint: Option<Value>,
 }
 
 /// One other incarnation as the node sees it.
@@ -65,6 +67,12 @@ pub struct Share {
     pub tokens: u64,
     /// Prompt tokens awaiting a first byte.
     pub pending_prefill: u64,
+    /// Token-work this incarnation routed there since the snapshot it
+    /// counts from (newer replicas only).
+    pub dispatched_since_poll: Option<u64>,
+    /// Poll time of that snapshot, ms since the Unix epoch (newer replicas
+    /// only).
+    pub basis_polled_at_unix_ms: Option<u64>,
 }
 
 impl Share {
@@ -91,10 +99,8 @@ pub struct SnapshotInfo {
     pub poller: String,
     /// Poll time, ms since the Unix epoch.
     pub polled_at_unix_ms: u64,
-    /// Since the node learned it, ms.
+    /// Age of the engine's numbers (from the poll time), ms.
     pub age_ms: u64,
-    /// Fleet dispatched token-work at poll start.
-    pub dispatched_mark: u64,
 }
 
 /// Fleet view of one worker.
@@ -109,8 +115,6 @@ pub struct WorkerLoad {
     pub inflight_tokens: u64,
     /// Fleet pending prefill tokens.
     pub pending_prefill_tokens: u64,
-    /// Fleet dispatched token-work.
-    pub dispatched_total: u64,
     /// Dispatched since the freshest snapshot's poll.
     pub dispatched_since_poll: u64,
     /// Each counted replica's share, the node itself first.
@@ -119,6 +123,8 @@ pub struct WorkerLoad {
     pub snapshot: Option<SnapshotInfo>,
     /// Poll owner.
     pub owner: Option<String>,
+    /// Replicas that have polled it (newer replicas only).
+    pub pollers: Vec<String>,
 }
 
 impl WorkerLoad {
@@ -196,5 +202,31 @@ impl MeshStatus {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker with the per-incarnation fields: pollers, per-share counts
+    /// and a footprint.
+    const NEW: &str = r#"{"node":"b","generation":7,"members":[],"workers":[{
+        "worker":"http://w:1","inflight_requests":0,"inflight_tokens":0,
+        "pending_prefill_tokens":0,"dispatched_since_poll":72,"pollers":["a","c"],
+        "shares":[{"replica":"b#7","requests":0,"tokens":0,"pending_prefill":0,
+                   "dispatched_since_poll":72,"basis_polled_at_unix_ms":5}],
+        "snapshot":{"source":"sglang","poller":"a","polled_at_unix_ms":5,"age_ms":1},
+        "owner":"a"}],"footprint":{"incarnations":3}}"#;
+
+    #[test]
+    fn reads_the_per_incarnation_worker_fields() {
+        let new: MeshStatus = serde_json::from_str(NEW).unwrap();
+        let w = &new.workers[0];
+        assert_eq!(w.dispatched_since_poll, 72);
+        assert_eq!(w.pollers, ["a", "c"]);
+        assert_eq!(w.shares[0].dispatched_since_poll, Some(72));
+        assert_eq!(w.shares[0].basis_polled_at_unix_ms, Some(5));
+        assert_eq!(new.footprint.as_ref().unwrap()["incarnations"], 3);
     }
 }

@@ -18,11 +18,16 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs `body` alone (one fleet at a time) and fails it after [`TEST_BOUND`].
 pub async fn run<F: Future>(body: F) -> F::Output {
+    run_for(TEST_BOUND, body).await
+}
+
+/// Runs `body` alone (one fleet at a time) and fails it after `bound`.
+pub async fn run_for<F: Future>(bound: Duration, body: F) -> F::Output {
     let _one_at_a_time = SERIAL.lock().await;
     let started = Instant::now();
-    let out = tokio::time::timeout(TEST_BOUND, body)
+    let out = tokio::time::timeout(bound, body)
         .await
-        .unwrap_or_else(|_| panic!("the test exceeded its bound of {TEST_BOUND:?}"));
+        .unwrap_or_else(|_| panic!("the test exceeded its bound of {bound:?}"));
     println!("test body took {:?}", started.elapsed());
     out
 }
@@ -56,11 +61,24 @@ pub async fn start(
     mesh: bool,
     args: &[&str],
 ) -> Setup {
+    start_with_spares(engines, workers, mesh, args, &[]).await
+}
+
+/// [`start`], with certificates also made for `spares`, the names of
+/// replicas a test adds later (`Fleet::add_replica`).
+pub async fn start_with_spares(
+    engines: Vec<EngineHandle>,
+    workers: &[usize],
+    mesh: bool,
+    args: &[&str],
+    spares: &[&str],
+) -> Setup {
     let bin = locate_shoal(None).unwrap_or_else(|e| panic!("{e}"));
     let urls = workers.iter().map(|&i| engines[i].url()).collect();
     let cfg = FleetConfig::new(bin, 3, urls)
         .mesh(mesh)
-        .args(args.iter().copied());
+        .args(args.iter().copied())
+        .spare_names(spares.iter().copied());
     let fleet = Fleet::start(cfg).await.unwrap_or_else(|e| panic!("{e}"));
     if mesh {
         let t = Instant::now();

@@ -5,7 +5,7 @@ use crate::fleet::{LocalFleet, WorkerLoad};
 use crate::policy::testkit::*;
 
 const SYSTEM: &str = "You are a meticulous assistant for the Shoal project. Answer in \
-    plain English, cite the design document where it applies, and never guess \
+    plain English, cite the architecture notes where they apply, and never guess \
     at numbers you have not measured. ";
 
 fn prompt(question: &str) -> RequestInfo {
@@ -239,11 +239,11 @@ fn eviction_bounds_the_tree_and_forgets_removed_workers() {
 #[tokio::test]
 async fn the_background_task_evicts_every_interval() {
     let workers = workers(1);
-    let policy = with(CacheAwareConfig {
+    let mut policy = with(CacheAwareConfig {
         max_tree_size: 10,
-        eviction_interval: Duration::from_millis(50),
         ..CacheAwareConfig::default()
     });
+    policy.eviction_interval = Duration::from_millis(50);
     seed_affinity(&policy, &workers, 0);
     assert!(policy.tree.lock().size_of(workers[0].id()) > 10);
     let task = tokio::spawn(policy.background_task().unwrap());

@@ -34,7 +34,7 @@ fn kv_barrier_steers_off_a_near_full_worker() {
     assert!((p.kv_barrier(0.98) - 7.35).abs() < 1e-9);
     assert!(p.kv_barrier(1.0).is_finite(), "k is clamped to 0.999");
     let no_barrier = LeastLoadPolicy::new(LeastLoadConfig {
-        kv_pressure_weight: 0.0,
+        least_load_kv_pressure_weight: 0.0,
         ..LeastLoadConfig::default()
     });
     assert_eq!(pick_n(&no_barrier, &workers, &plain(), 20), [20, 0]);
@@ -71,7 +71,7 @@ fn water_fills_within_one_poll_interval() {
     }
     let dispatched: Vec<u64> = workers
         .iter()
-        .map(|w| w.ledger().dispatched_tokens())
+        .map(|w| w.ledger().counts().dispatched_since_poll)
         .collect();
     // Worker 3 starts 2000 tokens behind; each booking is seen at once, so
     // the others fill up to its level before it gets any.

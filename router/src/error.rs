@@ -1,5 +1,9 @@
 //! Errors in OpenAI's shape, so SDKs surface the router's reason verbatim:
 //! `{"error": {"message": ..., "type": ..., "code": ...}}`.
+//!
+//! A leaf: it depends on nothing else in the crate, so the HTTP front, the
+//! proxy and admission can all answer in this shape without depending on
+//! each other.
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};

@@ -31,10 +31,8 @@ fn epoch() -> Instant {
 /// What a policy needs of one stored snapshot.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SnapshotReading {
-    /// When this replica stored it (monotonic clock).
-    pub stored_at: Instant,
-    /// The fleet dispatched token-work at poll time.
-    pub dispatched_mark: u64,
+    /// When the engine was polled (monotonic clock): age counts from here.
+    pub taken_at: Instant,
     /// The engine's validated signals.
     pub load: EngineLoad,
 }
@@ -45,8 +43,7 @@ pub struct SnapshotReading {
 pub struct SnapshotCell {
     seq: AtomicU64,
     /// Nanoseconds after [`epoch`] plus one; 0 = never stored.
-    stored_at: AtomicU64,
-    mark: AtomicU64,
+    taken_at: AtomicU64,
     usage: AtomicU64,
     waiting: AtomicU64,
     queued: AtomicU64,
@@ -67,9 +64,9 @@ fn some(raw: u64) -> Option<u64> {
 }
 
 impl SnapshotCell {
-    /// Replaces the snapshot with one stored at `stored_at`.
-    pub fn store(&self, stored_at: Instant, dispatched_mark: u64, load: &EngineLoad) {
-        let since = stored_at.saturating_duration_since(epoch()).as_nanos();
+    /// Replaces the snapshot with one polled at `taken_at`.
+    pub fn store(&self, taken_at: Instant, load: &EngineLoad) {
+        let since = taken_at.saturating_duration_since(epoch()).as_nanos();
         let stamp = u64::try_from(since).unwrap_or(NONE - 1).saturating_add(1);
         let mut seq = self.seq.load(Ordering::Relaxed);
         loop {
@@ -89,8 +86,7 @@ impl SnapshotCell {
             }
         }
         fence(Ordering::Release);
-        self.stored_at.store(stamp, Ordering::Relaxed);
-        self.mark.store(dispatched_mark, Ordering::Relaxed);
+        self.taken_at.store(stamp, Ordering::Relaxed);
         self.usage.store(ratio(load.token_usage), Ordering::Relaxed);
         self.waiting
             .store(count(load.waiting_requests), Ordering::Relaxed);
@@ -108,8 +104,7 @@ impl SnapshotCell {
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                let stamp = self.stored_at.load(Ordering::Relaxed);
-                let mark = self.mark.load(Ordering::Relaxed);
+                let stamp = self.taken_at.load(Ordering::Relaxed);
                 let usage = self.usage.load(Ordering::Relaxed);
                 let waiting = self.waiting.load(Ordering::Relaxed);
                 let queued = self.queued.load(Ordering::Relaxed);
@@ -121,8 +116,7 @@ impl SnapshotCell {
                         return None;
                     }
                     return Some(SnapshotReading {
-                        stored_at: epoch() + Duration::from_nanos(stamp - 1),
-                        dispatched_mark: mark,
+                        taken_at: epoch() + Duration::from_nanos(stamp - 1),
                         load: EngineLoad {
                             token_usage: some(usage).map(f64::from_bits),
                             waiting_requests: some(waiting),
@@ -155,12 +149,11 @@ mod tests {
             gen_throughput: Some(1842.55),
         };
         let at = Instant::now();
-        cell.store(at, 42, &load);
+        cell.store(at, &load);
         let read = cell.read().unwrap();
         assert_eq!(read.load, load);
-        assert_eq!(read.dispatched_mark, 42);
-        assert!(read.stored_at <= at && at - read.stored_at < Duration::from_micros(1));
-        cell.store(at, 7, &EngineLoad::default());
+        assert!(read.taken_at <= at && at - read.taken_at < Duration::from_micros(1));
+        cell.store(at, &EngineLoad::default());
         assert_eq!(cell.read().unwrap().load, EngineLoad::default());
     }
 
@@ -180,14 +173,13 @@ mod tests {
                             running_requests: Some(n),
                             ..EngineLoad::default()
                         };
-                        cell.store(at, n, &load);
+                        cell.store(at, &load);
                     }
                 });
             }
             for _ in 0..50_000 {
                 if let Some(read) = cell.read() {
-                    let n = read.dispatched_mark;
-                    assert_eq!(read.load.waiting_requests, Some(n));
+                    let n = read.load.waiting_requests.unwrap();
                     assert_eq!(read.load.queued_tokens, Some(n));
                     assert_eq!(read.load.running_requests, Some(n));
                 }

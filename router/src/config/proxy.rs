@@ -1,0 +1,59 @@
+//! Proxy flags: what one request may be (body size), how long it may take
+//! (connect and whole-request deadlines), and when the fleet is too busy to
+//! take it (per-worker in-flight cap).
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{defaults, parsers};
+
+/// Help heading of the proxy flags.
+pub const PROXY_FLAGS: &str = "Proxy";
+
+/// The request-size, deadline and shedding flags of the proxy path.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = PROXY_FLAGS)]
+pub struct ProxyConfig {
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, env = "SHOAL_MAX_PAYLOAD_BYTES", default_value_t = defaults::MAX_PAYLOAD_BYTES, value_parser = parsers::positive_usize)]
+    pub max_payload_bytes: usize,
+
+    /// Deadline for a whole proxied request, streaming included.
+    #[arg(long, env = "SHOAL_REQUEST_TIMEOUT_SECS", default_value_t = defaults::REQUEST_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
+    pub request_timeout_secs: u64,
+
+    /// Deadline for opening a connection to a worker, in milliseconds.
+    #[arg(long, env = "SHOAL_CONNECT_TIMEOUT_MS", default_value_t = defaults::CONNECT_TIMEOUT_MS, value_parser = parsers::positive_u64)]
+    pub connect_timeout_ms: u64,
+
+    /// Shed a request with 503 and Retry-After when every available worker
+    /// already has this many requests in flight across the fleet (the mesh's
+    /// view when meshed). 0 = off.
+    #[arg(long, env = "SHOAL_WORKER_MAX_INFLIGHT", default_value_t = defaults::WORKER_MAX_INFLIGHT)]
+    pub worker_max_inflight: u64,
+}
+
+impl Default for ProxyConfig {
+    /// The flag defaults.
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: defaults::MAX_PAYLOAD_BYTES,
+            request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
+            connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
+            worker_max_inflight: defaults::WORKER_MAX_INFLIGHT,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Deadline for a whole request.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// Deadline for opening a connection to a worker.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}

@@ -1,0 +1,108 @@
+//! The policy registry: the one place that turns `--policy <name>` into a
+//! running policy. Each row pairs a [`PolicyKind`] with its constructor and
+//! names the help heading of the flag group it reads, so a policy is added
+//! by adding a row (see the checklist in the module docs of `policy`).
+
+use std::sync::Arc;
+
+use super::{
+    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy, RandomPolicy,
+    RoundRobinPolicy,
+};
+use crate::config::{
+    CACHE_AWARE_FLAGS, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, PolicyKind, RoutingConfig,
+};
+
+/// One row of the registry: how one `--policy` value becomes a policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration {
+    /// Help heading of the policy's own flag group in `--help` and the
+    /// README (`None`: the policy has no knobs). Tests check it exists.
+    pub flags: Option<&'static str>,
+    /// Builds the policy from the routing flags; it reads only its own
+    /// group (and nothing from the other policies' groups).
+    pub build: fn(&RoutingConfig) -> Arc<dyn Policy>,
+}
+
+/// The registry's row for `kind`. A `match` rather than a slice, so a new
+/// [`PolicyKind`] variant without a row does not compile.
+pub fn registration(kind: PolicyKind) -> Registration {
+    match kind {
+        PolicyKind::RoundRobin => Registration {
+            flags: None,
+            build: |_| Arc::new(RoundRobinPolicy::default()),
+        },
+        PolicyKind::Random => Registration {
+            flags: None,
+            build: |_| Arc::new(RandomPolicy),
+        },
+        PolicyKind::PowerOfTwo => Registration {
+            flags: None,
+            build: |_| Arc::new(PowerOfTwoPolicy),
+        },
+        PolicyKind::LeastLoad => Registration {
+            flags: Some(LEAST_LOAD_FLAGS),
+            build: |routing| Arc::new(LeastLoadPolicy::new(routing.least_load)),
+        },
+        PolicyKind::CacheAware => Registration {
+            flags: Some(CACHE_AWARE_FLAGS),
+            build: |routing| Arc::new(CacheAwarePolicy::new(routing.cache_aware)),
+        },
+        PolicyKind::LoadAware => Registration {
+            flags: Some(LOAD_AWARE_FLAGS),
+            build: |routing| {
+                Arc::new(LoadAwarePolicy::new(
+                    routing.load_aware.load_aware_threshold,
+                ))
+            },
+        },
+    }
+}
+
+/// Builds the policy `--policy` names, with its knobs.
+pub fn build(routing: &RoutingConfig) -> Arc<dyn Policy> {
+    (registration(routing.policy).build)(routing)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::{CommandFactory, ValueEnum};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn routing(kind: PolicyKind) -> RoutingConfig {
+        let mut routing = Config::load_from(["shoal"]).unwrap().routing;
+        routing.policy = kind;
+        routing
+    }
+
+    #[test]
+    fn every_policy_builds_under_its_own_name() {
+        for kind in PolicyKind::value_variants() {
+            let name = kind.to_possible_value().unwrap().get_name().to_string();
+            assert_eq!(build(&routing(*kind)).name(), name);
+        }
+    }
+
+    #[test]
+    fn every_policy_flag_heading_belongs_to_one_registered_policy() {
+        let command = Config::command();
+        let headings: BTreeSet<&str> = command
+            .get_arguments()
+            .filter_map(|arg| arg.get_help_heading())
+            .filter(|heading| heading.starts_with("Policy "))
+            .collect();
+        let registered: Vec<&str> = PolicyKind::value_variants()
+            .iter()
+            .filter_map(|kind| registration(*kind).flags)
+            .collect();
+        assert_eq!(
+            registered.iter().copied().collect::<BTreeSet<_>>(),
+            headings
+        );
+        assert_eq!(registered.len(), headings.len(), "one group per policy");
+    }
+}
