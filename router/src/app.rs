@@ -14,6 +14,8 @@ use crate::config::Config;
 use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
+use crate::request::Route;
+use crate::serving::{self, IoThreads};
 use crate::workers::Registry;
 use crate::workers::health;
 use crate::{load, policy, proxy, telemetry, upstream};
@@ -78,13 +80,18 @@ impl Server {
             max_retries: config.retry.max_retries(),
             request_timeout: config.proxy.request_timeout(),
         };
+        // The recorder first: the route metrics register with it.
+        let metrics = telemetry::install();
+        let route_metrics =
+            Route::ALL.map(|route| Arc::new(telemetry::RouteMetrics::register(route.label())));
         let state = AppState {
             registry,
             policy: policy::build(&config.routing),
             fleet,
             forwarder,
             side_client: upstream::build_client(connect_timeout),
-            metrics: telemetry::install(),
+            route_metrics,
+            metrics,
             mesh,
             draining: AtomicBool::new(false),
             admission: crate::admission::Admission::from_config(&config.admission),
@@ -101,7 +108,8 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves, then drains: readiness turns 503
+    /// Serves on `--io-threads` I/O threads (see [`serving`]) until
+    /// `shutdown` resolves, then drains: readiness turns 503
     /// (and `draining` is gossiped), the listener stays open for
     /// `--drain-settle-secs` so load balancers notice, then closes; in-flight
     /// requests finish, and the replica leaves the mesh.
@@ -135,6 +143,7 @@ impl Server {
             workers = state.registry.all().len(),
             policy = state.policy.name(),
             mesh = state.mesh.is_some(),
+            io_threads = serving::resolve_thread_count(config.io_threads),
             "shoal listening on http://{addr}"
         );
         let draining = state.clone();
@@ -153,9 +162,12 @@ impl Server {
             tracing::info!("listener closed; finishing in-flight requests");
         };
         let mesh = state.mesh.clone();
-        let result = axum::serve(self.listener, http::router(state))
-            .with_graceful_shutdown(drain)
-            .await;
+        let threads = serving::resolve_thread_count(config.io_threads);
+        let make_client: serving::ClientFactory =
+            Arc::new(move || upstream::build_client(connect_timeout));
+        let io = IoThreads::start(self.listener, threads, http::router(state), make_client)?;
+        drain.await;
+        io.shutdown().await;
         background.shutdown().await;
         if let Some(mesh) = mesh {
             match Arc::try_unwrap(mesh) {
@@ -165,7 +177,7 @@ impl Server {
                 }
             }
         }
-        result
+        Ok(())
     }
 }
 

@@ -18,6 +18,7 @@ pub mod mesh_setup;
 pub mod policy;
 pub mod proxy;
 pub mod request;
+pub mod serving;
 pub mod telemetry;
 pub mod upstream;
 pub mod url;

@@ -5,6 +5,13 @@ use std::process::ExitCode;
 use shoal::app::{Server, shutdown_signal};
 use shoal::config::{Config, ConfigError};
 
+/// mimalloc instead of the system allocator: a proxied request makes a few
+/// dozen short-lived allocations (headers, bodies, futures) across I/O
+/// threads, and glibc's malloc/free took ~9 % of the router's CPU in
+/// profiles against a fast backend (tests/BENCHMARKS.md, "Hot path").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

@@ -48,6 +48,11 @@ impl Route {
         }
     }
 
+    /// Position in [`Route::ALL`], for per-route tables.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// Short label for metrics.
     pub fn label(self) -> &'static str {
         match self {

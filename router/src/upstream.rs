@@ -28,6 +28,32 @@ pub fn build_client(connect_timeout: Duration) -> HttpClient {
         .build(connector)
 }
 
+thread_local! {
+    /// The pooled client of the I/O thread running here, if this is one
+    /// (see `serving`): proxied requests use it so the worker connection's
+    /// task lives on the same thread as the client connection's.
+    static THREAD_CLIENT: std::cell::RefCell<Option<HttpClient>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Makes `client` the one proxied requests sent from this thread use.
+/// Called once by each I/O thread as it starts.
+pub fn install_thread_client(client: HttpClient) {
+    THREAD_CLIENT.with(|slot| *slot.borrow_mut() = Some(client));
+}
+
+/// Sends `request` with this thread's own client when it has one (an I/O
+/// thread), else with `shared`.
+pub fn send(
+    shared: &HttpClient,
+    request: Request<Full<Bytes>>,
+) -> hyper_util::client::legacy::ResponseFuture {
+    THREAD_CLIENT.with(|slot| match &*slot.borrow() {
+        Some(own) => own.request(request),
+        None => shared.request(request),
+    })
+}
+
 /// Joins a worker base URL (maybe with a path prefix) and a request path.
 pub fn join(base: &str, path_and_query: &str) -> Result<Uri, http::Error> {
     let mut joined = String::with_capacity(base.len() + path_and_query.len());

@@ -8,6 +8,10 @@
 pub const HOST: &str = "0.0.0.0";
 /// Port the HTTP front listens on.
 pub const PORT: u16 = 30000;
+/// Threads serving client connections; 0 = one per available core.
+pub const IO_THREADS: usize = 0;
+/// Upper bound on `--io-threads` (a typo guard, far above any core count).
+pub const MAX_IO_THREADS: usize = 1024;
 /// Routing policy used when `--policy` is not given.
 pub const POLICY: &str = "cache_aware";
 

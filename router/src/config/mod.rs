@@ -68,6 +68,12 @@ pub struct Config {
     #[arg(long, env = "SHOAL_PORT", default_value_t = defaults::PORT)]
     pub port: u16,
 
+    /// Threads that serve client connections, each with its own pooled
+    /// connections to workers, so a request stays on one thread
+    /// (0 = one per available core).
+    #[arg(long, env = "SHOAL_IO_THREADS", default_value_t = defaults::IO_THREADS, value_parser = parsers::io_threads)]
+    pub io_threads: usize,
+
     /// Engine base URLs (http://host:port[/prefix]); space or comma separated.
     #[arg(long, env = "SHOAL_WORKER_URLS", action = clap::ArgAction::Set, num_args = 1.., value_delimiter = ',', value_parser = parsers::worker_url)]
     pub worker_urls: Vec<String>,

@@ -23,6 +23,21 @@ pub fn positive_usize(text: &str) -> Result<usize, String> {
     usize::try_from(value).map_err(|_| "too large for this platform".into())
 }
 
+/// `--io-threads`: 0 (one per core) up to [`defaults::MAX_IO_THREADS`].
+pub fn io_threads(text: &str) -> Result<usize, String> {
+    let value: usize = text
+        .trim()
+        .parse()
+        .map_err(|err| format!("not a thread count: {err}"))?;
+    if value > super::defaults::MAX_IO_THREADS {
+        return Err(format!(
+            "at most {} (0 = one per core)",
+            super::defaults::MAX_IO_THREADS
+        ));
+    }
+    Ok(value)
+}
+
 fn finite(text: &str) -> Result<f64, String> {
     let value: f64 = text
         .trim()

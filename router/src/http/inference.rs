@@ -45,7 +45,7 @@ fn refused(record: RequestRecord, reason: &'static str, response: Response) -> R
 
 /// Handles one inference request on `route`.
 pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
-    let record = RequestRecord::start(route.label());
+    let record = RequestRecord::start(app.route_metrics[route.index()].clone());
     let permit = match app.admission.admit().await {
         Ok(permit) => permit,
         Err(rejection) => {

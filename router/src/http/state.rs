@@ -11,6 +11,8 @@ use crate::config::Config;
 use crate::fleet::FleetView;
 use crate::policy::Policy;
 use crate::proxy::Forwarder;
+use crate::request::Route;
+use crate::telemetry::RouteMetrics;
 use crate::upstream::HttpClient;
 use crate::workers::Registry;
 
@@ -29,6 +31,8 @@ pub struct AppState {
     pub forwarder: Forwarder,
     /// Client for side requests (model lists).
     pub side_client: HttpClient,
+    /// Per-request metric handles of each route, by [`Route::index`].
+    pub route_metrics: [Arc<RouteMetrics>; Route::ALL.len()],
     /// Prometheus handle, if this process owns the recorder.
     pub metrics: Option<PrometheusHandle>,
     /// The mesh, when this replica shares load with peers.

@@ -10,13 +10,12 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::telemetry::{self, RequestRecord};
+use crate::telemetry::RequestRecord;
 use crate::workers::Booking;
 use crate::workers::Worker;
 
@@ -30,8 +29,6 @@ pub struct TrackedBody {
     worker: Arc<Worker>,
     deadline: Pin<Box<tokio::time::Sleep>>,
     record: Option<RequestRecord>,
-    route: &'static str,
-    started: Instant,
     saw_data: bool,
 }
 
@@ -50,8 +47,6 @@ impl TrackedBody {
             booking: Some(booking),
             worker,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            route: record.route(),
-            started: record.started(),
             record: Some(record),
             saw_data: false,
         }
@@ -97,7 +92,9 @@ impl Body for TrackedBody {
                     if let Some(booking) = this.booking.as_mut() {
                         booking.first_byte();
                     }
-                    telemetry::first_token(this.route, this.started.elapsed().as_secs_f64());
+                    if let Some(record) = &this.record {
+                        record.first_token();
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -54,7 +54,22 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
+/// Drops the hop-by-hop headers: the fixed set, and every header the
+/// `Connection` header names (RFC 9110 §7.6.1), e.g. `Connection: x-trace`
+/// makes `x-trace` a header for this hop only.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
     for name in &HOP_BY_HOP {
         headers.remove(name);
     }
@@ -162,7 +177,7 @@ impl Answer {
     /// Passes the answer to the client as a stream that releases the
     /// booking and ends `record` when it ends.
     fn deliver(self, mut record: RequestRecord, deadline: tokio::time::Instant) -> Response {
-        telemetry::first_byte(record.route(), record.started().elapsed().as_secs_f64());
+        record.first_byte();
         let (mut parts, incoming) = self.response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         record.set_status(parts.status.as_u16());
@@ -188,27 +203,49 @@ impl NoCandidates {
     }
 }
 
+/// The workers one attempt may choose from.
+///
+/// Why two forms: on the common path (first attempt, every worker up) the
+/// registry's own list is the candidate list, shared, not copied: copying
+/// it would clone (and later drop) one `Arc` per worker per request, an
+/// atomic write on a cache line every I/O thread shares.
+enum Candidates {
+    /// Every registered worker.
+    All(Arc<Vec<Arc<Worker>>>),
+    /// A filtered subset.
+    Some(Vec<Arc<Worker>>),
+}
+
+impl std::ops::Deref for Candidates {
+    type Target = [Arc<Worker>];
+
+    fn deref(&self) -> &[Arc<Worker>] {
+        match self {
+            Self::All(all) => all,
+            Self::Some(some) => some,
+        }
+    }
+}
+
 impl WorkerPool<'_> {
     /// The available workers, only those not in `tried` while any is left.
-    fn candidates(&self, tried: &[Arc<Worker>]) -> Result<Vec<Arc<Worker>>, NoCandidates> {
+    fn candidates(&self, tried: &[Arc<Worker>]) -> Result<Candidates, NoCandidates> {
         let all = self.registry.all();
-        let available: Vec<Arc<Worker>> =
-            all.iter().filter(|w| w.is_available()).cloned().collect();
+        if tried.is_empty() && !all.is_empty() && all.iter().all(|w| w.is_available()) {
+            return Ok(Candidates::All(all));
+        }
+        let is_available_untried =
+            |w: &&Arc<Worker>| w.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, w));
         // Prefer workers not tried yet; fall back to all available ones.
-        let untried: Vec<Arc<Worker>> = available
-            .iter()
-            .filter(|w| !tried.iter().any(|t| Arc::ptr_eq(t, w)))
-            .cloned()
-            .collect();
-        let candidates = if untried.is_empty() {
-            available
-        } else {
-            untried
-        };
+        let mut candidates: Vec<Arc<Worker>> =
+            all.iter().filter(is_available_untried).cloned().collect();
+        if candidates.is_empty() {
+            candidates = all.iter().filter(|w| w.is_available()).cloned().collect();
+        }
         if candidates.is_empty() {
             return Err(NoCandidates(all));
         }
-        Ok(candidates)
+        Ok(Candidates::Some(candidates))
     }
 
     /// The policy's choice among `candidates`; a refusal is a 503.
@@ -327,7 +364,8 @@ impl Forwarder {
                 format!("cannot forward to {}: {err}", worker.url()),
             )
         })?;
-        let sent = tokio::time::timeout_at(deadline, self.client.request(upstream_request)).await;
+        let sent =
+            tokio::time::timeout_at(deadline, upstream::send(&self.client, upstream_request)).await;
         match sent {
             Err(_elapsed) => {
                 worker.breaker().record_failure();
@@ -387,4 +425,33 @@ fn build_request(
     }
     strip_hop_by_hop(forwarded);
     Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_fixed_hop_by_hop_headers_and_those_connection_names() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, X-Trace-Hop"),
+            ("connection", "x-other"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("x-trace-hop", "1"),
+            ("x-other", "2"),
+            ("x-request-id", "kept"),
+            ("authorization", "Bearer kept"),
+        ] {
+            headers.append(
+                HeaderName::from_static(name),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "x-request-id"]);
+    }
 }

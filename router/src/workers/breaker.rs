@@ -5,10 +5,12 @@
 //! `window`; Open -> HalfOpen once `timeout` has passed; HalfOpen -> Closed
 //! after `success_threshold` consecutive successes, or back to Open on any
 //! failure. The state is mirrored in an atomic so the routing hot path reads
-//! it without taking the lock.
+//! it without taking the lock, and a success on a closed circuit with no
+//! failures counted (every request of a healthy worker) changes nothing, so
+//! it returns without the lock too.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -66,6 +68,9 @@ pub struct CircuitBreaker {
     /// `config.timeout()`, kept apart so tests can use a sub-second one.
     timeout: Duration,
     state: AtomicU8,
+    /// Closed with no failure counted: a success has nothing to reset.
+    /// Written only under the `counts` lock.
+    clean: AtomicBool,
     counts: Mutex<Counts>,
 }
 
@@ -76,6 +81,7 @@ impl CircuitBreaker {
             timeout: config.timeout(),
             config,
             state: AtomicU8::new(CircuitState::Closed.code()),
+            clean: AtomicBool::new(true),
             counts: Mutex::new(Counts {
                 state: CircuitState::Closed,
                 failures: 0,
@@ -113,12 +119,14 @@ impl CircuitBreaker {
 
     /// Records a request that the worker served.
     pub fn record_success(&self) {
-        if !self.config.enabled() {
+        if !self.config.enabled() || self.clean.load(Ordering::Acquire) {
             return;
         }
         let mut counts = self.lock();
         counts.failures = 0;
         counts.first_failure = None;
+        self.clean
+            .store(counts.state == CircuitState::Closed, Ordering::Release);
         if counts.state == CircuitState::HalfOpen {
             counts.successes += 1;
             if counts.successes >= self.config.cb_success_threshold {
@@ -133,6 +141,7 @@ impl CircuitBreaker {
             return;
         }
         let mut counts = self.lock();
+        self.clean.store(false, Ordering::Release);
         match counts.state {
             CircuitState::HalfOpen => self.set(&mut counts, CircuitState::Open),
             CircuitState::Open => {}
@@ -160,6 +169,8 @@ impl CircuitBreaker {
         counts.first_failure = None;
         counts.opened_at = (state == CircuitState::Open).then(Instant::now);
         self.state.store(state.code(), Ordering::Relaxed);
+        self.clean
+            .store(state == CircuitState::Closed, Ordering::Release);
         tracing::info!(state = ?state, "circuit breaker changed state");
     }
 
@@ -213,6 +224,32 @@ mod tests {
         cb.record_failure();
         // timeout 0: the open circuit reads half-open at once
         assert_eq!(cb.state(), CircuitState::HalfOpen);
+        cb.record_failure();
+        assert_eq!(
+            CircuitState::from_code(cb.state.load(Ordering::Relaxed)),
+            CircuitState::Open
+        );
+    }
+
+    #[test]
+    fn a_circuit_closed_again_counts_failures_from_zero() {
+        let cb = breaker(0);
+        for _ in 0..3 {
+            cb.record_failure();
+        }
+        assert_eq!(cb.state(), CircuitState::HalfOpen);
+        cb.record_success();
+        cb.record_success();
+        assert_eq!(cb.state(), CircuitState::Closed);
+        // Successes on a clean circuit take the lock-free path...
+        cb.record_success();
+        cb.record_failure();
+        cb.record_failure();
+        // ...and a success after failures still resets the streak.
+        cb.record_success();
+        cb.record_failure();
+        cb.record_failure();
+        assert_eq!(cb.state(), CircuitState::Closed);
         cb.record_failure();
         assert_eq!(
             CircuitState::from_code(cb.state.load(Ordering::Relaxed)),

@@ -1,0 +1,256 @@
+//! Serving client connections on per-core I/O threads.
+//!
+//! Why: a proxied request moves bytes between two sockets, the client's and
+//! the worker's. On tokio's work-stealing runtime the task reading one and
+//! the connection task writing the other often sit on different threads, so
+//! every hop is a cross-thread wake-up (a futex and a cold cache). Profiles
+//! of the proxy against a fast backend showed half of its CPU in the kernel
+//! doing exactly that. Here each I/O thread is a single-threaded runtime
+//! that accepts from its own handle on the listening socket and keeps every
+//! connection it accepted, and it talks to workers through its own pooled
+//! client ([`upstream::install_thread_client`]): one request is read,
+//! routed, forwarded and answered on one thread, as nginx's workers do.
+//! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
+//! every thread; only socket work is per thread. Background work (health
+//! checks, load polls, the mesh) stays on the main runtime.
+//!
+//! One acceptor task (on the main runtime) accepts connections and hands
+//! each to the I/O thread with the fewest open connections, so a handful of
+//! long-lived keep-alive connections still spreads over every thread; any
+//! listener a caller bound (tests bind port 0) works unchanged.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::upstream::{self, HttpClient};
+
+/// Pause after an accept error that is not about one connection (e.g. out
+/// of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// Makes the pooled worker client of one I/O thread.
+pub type ClientFactory = Arc<dyn Fn() -> HttpClient + Send + Sync>;
+
+/// How many I/O threads `--io-threads 0` means: one per available core.
+pub fn resolve_thread_count(flag: usize) -> usize {
+    if flag > 0 {
+        return flag;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The acceptor's handle on one I/O thread.
+struct Lane {
+    connections: mpsc::UnboundedSender<std::net::TcpStream>,
+    /// Connections the thread is serving now.
+    open: Arc<AtomicUsize>,
+}
+
+/// The running acceptor and I/O threads of one replica.
+///
+/// Dropping it without [`IoThreads::shutdown`] also stops them: the
+/// acceptor and every thread see the stop signal's sender gone and wind
+/// down the same way.
+pub struct IoThreads {
+    stop: watch::Sender<bool>,
+    acceptor: tokio::task::JoinHandle<()>,
+    finished: Vec<oneshot::Receiver<()>>,
+}
+
+impl IoThreads {
+    /// Starts `count` I/O threads serving `app`, each with a pooled client
+    /// from `make_client` for its proxied requests, and the acceptor that
+    /// feeds them from `listener` (spawned on the current runtime).
+    pub fn start(
+        listener: TcpListener,
+        count: usize,
+        app: Router,
+        make_client: ClientFactory,
+    ) -> io::Result<Self> {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut lanes = Vec::with_capacity(count);
+        let mut finished = Vec::with_capacity(count);
+        for index in 0..count.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (connections, incoming) = mpsc::unbounded_channel();
+            let open = Arc::new(AtomicUsize::new(0));
+            let (done, finished_rx) = oneshot::channel();
+            let thread = IoThread {
+                app: app.clone(),
+                stop: stop_rx.clone(),
+                open: open.clone(),
+                make_client: make_client.clone(),
+            };
+            std::thread::Builder::new()
+                .name(format!("shoal-io-{index}"))
+                .spawn(move || {
+                    runtime.block_on(thread.run(incoming));
+                    // Connections still open after their graceful shutdown
+                    // (none, normally) are dropped with the runtime here.
+                    drop(runtime);
+                    let _ = done.send(());
+                })?;
+            lanes.push(Lane { connections, open });
+            finished.push(finished_rx);
+        }
+        let acceptor = tokio::spawn(accept(listener, lanes, stop_rx));
+        Ok(Self {
+            stop,
+            acceptor,
+            finished,
+        })
+    }
+
+    /// Stops accepting (the listening socket closes), asks every open
+    /// connection to finish its in-flight requests and close, and waits
+    /// until all have.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.acceptor.await;
+        for thread in self.finished {
+            let _ = thread.await;
+        }
+    }
+}
+
+/// Accepts until stopped, giving each connection to the least busy lane.
+async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(err) if is_per_connection(&err) => continue,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed; pausing");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let Some(lane) = lanes
+            .iter()
+            .min_by_key(|lane| lane.open.load(Ordering::Relaxed))
+        else {
+            break;
+        };
+        match stream.into_std() {
+            Ok(stream) => {
+                // Counted here, not when the thread picks it up, so a burst
+                // of connections spreads before any thread has run.
+                lane.open.fetch_add(1, Ordering::Relaxed);
+                if lane.connections.send(stream).is_err() {
+                    lane.open.fetch_sub(1, Ordering::Relaxed);
+                    tracing::error!("an I/O thread is gone; dropping a connection");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot hand over a connection"),
+        }
+    }
+    // Dropping the listener closes the port; dropping the lanes tells each
+    // thread no more connections come.
+}
+
+/// What one I/O thread needs.
+struct IoThread {
+    app: Router,
+    stop: watch::Receiver<bool>,
+    open: Arc<AtomicUsize>,
+    make_client: ClientFactory,
+}
+
+impl IoThread {
+    async fn run(self, mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>) {
+        upstream::install_thread_client((self.make_client)());
+        // Every connection holds a receiver; `closed()` resolves when the
+        // last one is gone.
+        let (all_closed, open_guard) = watch::channel(());
+        while let Some(stream) = incoming.recv().await {
+            let counted = OpenConnection(self.open.clone());
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    let connection = serve_connection(
+                        stream,
+                        self.app.clone(),
+                        self.stop.clone(),
+                        (open_guard.clone(), counted),
+                    );
+                    tokio::spawn(connection);
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot take over a connection"),
+            }
+        }
+        drop(open_guard);
+        all_closed.closed().await;
+    }
+}
+
+/// One open connection of a lane: uncounted when dropped.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Resolves once the stop flag is set or its sender is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Errors that concern only the connection being accepted.
+fn is_per_connection(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Serves one client connection (HTTP/1.1, or HTTP/2 with prior
+/// knowledge) until it closes, shutting it down gracefully once the stop
+/// flag is set: in-flight requests finish, idle keep-alive closes.
+/// `_open` is held for the connection's lifetime (see [`IoThread::run`]).
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+    _open: (watch::Receiver<()>, OpenConnection),
+) {
+    // Responses are written whole; never hold a small last segment back.
+    let _ = stream.set_nodelay(true);
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let service = TowerToHyperService::new(app);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::trace!(error = %err, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stopped(&mut stop), if !stopping => {
+                stopping = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
