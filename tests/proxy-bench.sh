@@ -12,7 +12,7 @@
 #           one token per event, time scale 1e9 so tokens are not paced)
 # Targets per backend, interleaved within each round:
 #   direct  wrk -> backend
-#   nginx   wrk -> nginx reverse proxy (2 workers, upstream keepalive 256) -> backend
+#   nginx   wrk -> nginx reverse proxy (PROXY_THREADS workers, upstream keepalive 256) -> backend
 #   LABEL   wrk -> shoal (each build in SHOAL_BINS) -> backend
 #   LABEL+mesh   the same through 3 meshed replicas (mTLS); load and CPU on replica 0
 # Load: wrk -t1 -cC -dDURATION --latency, POST /v1/chat/completions (a small
@@ -30,6 +30,8 @@
 #   NO_INSTALL=1           never apt-get install a missing nginx / wrk / curl / python3
 #   SHOAL_BINS="shoal=$BIN/shoal"   space-separated LABEL=PATH builds, measured side by side
 #   SHOAL_ARGS=""          extra arguments for every shoal
+#   PROXY_THREADS=2        nginx worker_processes, and shoal --io-threads (for builds
+#                          that have the flag), so both proxies get the same threads
 #   POLICY=cache_aware     shoal --policy
 #   MESH=off               off | on (3 meshed replicas) | both
 #   BACKENDS="fixed mock stream"
@@ -65,6 +67,8 @@ MESH=${MESH:-off}
 BACKENDS=${BACKENDS:-fixed mock stream}
 OUT=${OUT:-target/proxy-bench.json}
 SHOAL_ARGS=${SHOAL_ARGS:-}
+PROXY_THREADS=${PROXY_THREADS:-2}
+int_in PROXY_THREADS "$PROXY_THREADS" 1 64
 if [[ -n ${BIN:-} ]]; then NO_BUILD=1; else BIN=target/release; fi
 SHOAL_BINS=${SHOAL_BINS:-shoal=$BIN/shoal}
 STREAM_TOKENS=64
@@ -364,7 +368,7 @@ EOF
 
   mkdir -p "$d/nginx"
   {
-    nginx_head "$d/nginx" 2
+    nginx_head "$d/nginx" "$PROXY_THREADS"
     cat <<EOF
   upstream backend {
     server 127.0.0.1:$p_back;
@@ -390,6 +394,10 @@ EOF
   for name in "${TARGETS[@]:2}"; do
     label=${T_LABEL[$name]} m=${T_MESH[$name]}
     local base=(--host 127.0.0.1 --worker-urls "$back" --policy "$POLICY" "${SHOAL_ARGV[@]}")
+    # Builds from before --io-threads existed run on tokio's default pool.
+    if "${SHOAL_PATH[$label]}" --help 2>/dev/null | grep -q -- --io-threads; then
+      base+=(--io-threads "$PROXY_THREADS")
+    fi
     if [[ $m == off ]]; then
       spawn "$d/$name.log" "${SHOAL_PATH[$label]}" --port "${ports[next_tcp]}" "${base[@]}"
       T_URL[$name]="http://127.0.0.1:${ports[next_tcp]}"; T_CPU[$name]=$SPAWNED
@@ -519,7 +527,7 @@ EOF
 mkdir -p "$(dirname "$OUT")"
 echo
 echo "proxy-bench: wrk -t1, ${DURATION}s per pass, $ROUNDS round(s), median (min–max); shoal --policy $POLICY," \
-  "mesh $MESH; $PINNED; CPU in 1/$CLK_TCK s ticks; direct rows: the backend's CPU;" \
+  "mesh $MESH; proxies on $PROXY_THREADS thread(s) (nginx workers, shoal --io-threads); $PINNED; CPU in 1/$CLK_TCK s ticks; direct rows: the backend's CPU;" \
   "load average before $LOAD_BEFORE, after $LOAD_AFTER"
 python3 "$HERE/report.py" "$WORK/config.json" "$PASSES" "$IDLES" "$OUT"
 say "all figures in $OUT"
