@@ -254,3 +254,88 @@ async fn serve_connection(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use axum::routing::get;
+
+    use super::*;
+
+    /// A router that answers with the name of the thread that served it,
+    /// after `delay_ms` from the query (`/?delay_ms=200`).
+    fn app() -> Router {
+        Router::new().route(
+            "/",
+            get(
+                |query: axum::extract::Query<BTreeMap<String, u64>>| async move {
+                    if let Some(ms) = query.get("delay_ms") {
+                        tokio::time::sleep(Duration::from_millis(*ms)).await;
+                    }
+                    std::thread::current().name().unwrap_or("?").to_string()
+                },
+            ),
+        )
+    }
+
+    async fn start(threads: usize) -> (IoThreads, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let factory: ClientFactory = Arc::new(|| upstream::build_client(Duration::from_secs(1)));
+        let io = IoThreads::start(listener, threads, app(), factory).unwrap();
+        (io, url)
+    }
+
+    #[tokio::test]
+    async fn connections_spread_over_the_io_threads_and_requests_run_there() {
+        let (io, url) = start(2).await;
+        // Four keep-alive connections, opened while the others stay open.
+        let clients: Vec<reqwest::Client> = (0..4)
+            .map(|_| reqwest::Client::builder().no_proxy().build().unwrap())
+            .collect();
+        let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
+        for client in &clients {
+            let name = client.get(&url).send().await.unwrap().text().await.unwrap();
+            *served_by.entry(name).or_default() += 1;
+        }
+        assert_eq!(
+            served_by,
+            BTreeMap::from([("shoal-io-0".to_string(), 2), ("shoal-io-1".to_string(), 2)]),
+            "each new connection goes to the thread with the fewest open ones"
+        );
+        // A connection stays on its thread for its next requests.
+        for client in &clients {
+            let first = client.get(&url).send().await.unwrap().text().await.unwrap();
+            let again = client.get(&url).send().await.unwrap().text().await.unwrap();
+            assert_eq!(first, again);
+        }
+        drop(clients);
+        io.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_finishes_in_flight_requests_then_refuses_connections() {
+        let (io, url) = start(2).await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let slow = tokio::spawn({
+            let client = client.clone();
+            let url = format!("{url}/?delay_ms=300");
+            async move { client.get(url).send().await?.text().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = std::time::Instant::now();
+        io.shutdown().await;
+        let answer = slow.await.unwrap().expect("the in-flight request finishes");
+        assert!(answer.starts_with("shoal-io-"), "{answer}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "shutdown waited for the in-flight request"
+        );
+        let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
+        assert!(
+            fresh.get(&url).send().await.is_err(),
+            "the listener is closed after shutdown"
+        );
+    }
+}

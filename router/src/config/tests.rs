@@ -332,3 +332,13 @@ fn group_defaults_match_the_flag_defaults() {
     assert_eq!(config.retry, RetryConfig::default());
     assert_eq!(config.breaker, BreakerConfig::default());
 }
+
+#[test]
+fn io_threads_default_to_one_per_core_and_reject_bad_counts_naming_the_flag() {
+    assert_eq!(parse(&[]).unwrap().io_threads, defaults::IO_THREADS);
+    assert_eq!(parse(&["--io-threads", "3"]).unwrap().io_threads, 3);
+    for bad in ["-1", "two", "1025", "1e3"] {
+        let text = error_text(&[&format!("--io-threads={bad}")]);
+        assert!(text.contains("--io-threads"), "--io-threads={bad}: {text}");
+    }
+}
