@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Ca, Node, config, wait_every, wait_for_full_mesh, wait_until};
-use shoal_mesh::proto::{EngineKind, EngineLoad};
+use shoal_mesh::proto::{EngineKind, EngineLoad, LoadCounts};
 use shoal_mesh::{Footprint, Incarnation, MeshConfig, TlsConfig, WorkerSlot};
 
 /// Phase A: worker keys added and removed.
@@ -24,6 +24,8 @@ const STARTS_PER_NAME: usize = 10;
 const BATCH: usize = 10;
 /// The worker the long-lived nodes keep a request on throughout.
 const W_HOME: &str = "http://10.8.0.2:8000";
+/// Token-work of each long-lived node's request on [`W_HOME`].
+const HOME_TOKENS: u64 = 100;
 /// The worker every incarnation of phase B books on.
 const W_CHURN: &str = "http://10.8.0.1:8000";
 /// Bound on every "back to baseline" wait.
@@ -260,8 +262,8 @@ fn churn_returns_maps_and_per_sync_work_to_baseline() {
     assert!(wait_for_full_mesh(&[&o, &p], Duration::from_secs(10)));
     // The live fleet: one worker both route to, with a request in flight
     // from each, so every full sync carries something.
-    let _home_o = o.mesh().worker(W_HOME).book(10, 100);
-    let _home_p = p.mesh().worker(W_HOME).book(10, 100);
+    let _home_o = o.mesh().worker(W_HOME).book(10, HOME_TOKENS);
+    let _home_p = p.mesh().worker(W_HOME).book(10, HOME_TOKENS);
     assert!(wait_until(Duration::from_secs(5), || [&o, &p]
         .iter()
         .all(|n| n.mesh().worker(W_HOME).fleet().counts.requests == 2)));
@@ -443,6 +445,24 @@ fn churn_returns_maps_and_per_sync_work_to_baseline() {
         panic!("phase B: not back at baseline: {off}");
     }
     assert_eq!(crashed + stopped, NAMES * STARTS_PER_NAME);
+    // What a load-reading policy sees afterwards is what one router would:
+    // nothing of the 200 dead incarnations' work, only the two requests
+    // the long-lived nodes still hold.
+    for (name, node) in [("O", &o), ("P", &p)] {
+        let churned = node.mesh().worker(W_CHURN).fleet().counts;
+        assert_eq!(
+            churned,
+            LoadCounts::default(),
+            "{name}: the churned worker still carries dead incarnations' work"
+        );
+        let home = node.mesh().worker(W_HOME).fleet().counts;
+        assert_eq!(home.requests, 2, "{name}: {home:?}");
+        assert_eq!(
+            home.dispatched_since_poll,
+            2 * HOME_TOKENS,
+            "{name}: {home:?}"
+        );
+    }
     assert_eq!(
         o.mesh().members(),
         vec!["obs".to_string(), "peer".to_string()]
