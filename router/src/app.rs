@@ -138,35 +138,40 @@ impl Server {
             background.spawn(telemetry::upkeep(handle));
         }
         let addr = self.listener.local_addr()?;
+        let threads = serving::resolve_thread_count(config.io_threads);
+        let make_client: serving::ClientFactory =
+            Arc::new(move || upstream::build_client(connect_timeout));
+        let mesh = state.mesh.clone();
+        let io = IoThreads::start(
+            self.listener,
+            threads,
+            http::router(state.clone()),
+            make_client,
+        )?;
         tracing::info!(
             %addr,
             workers = state.registry.all().len(),
             policy = state.policy.name(),
-            mesh = state.mesh.is_some(),
-            io_threads = serving::resolve_thread_count(config.io_threads),
+            mesh = mesh.is_some(),
+            io_threads = threads,
             "shoal listening on http://{addr}"
         );
-        let draining = state.clone();
-        let drain = async move {
-            shutdown.await;
-            draining.draining.store(true, Ordering::Relaxed);
-            if let Some(mesh) = &draining.mesh {
-                mesh.set_readiness(Readiness::Draining).await;
-            }
-            let settle = draining.config.drain_settle();
-            tracing::info!(
-                settle_secs = settle.as_secs(),
-                "draining: readiness is 503, listener closes after the settle time"
-            );
-            tokio::time::sleep(settle).await;
-            tracing::info!("listener closed; finishing in-flight requests");
-        };
-        let mesh = state.mesh.clone();
-        let threads = serving::resolve_thread_count(config.io_threads);
-        let make_client: serving::ClientFactory =
-            Arc::new(move || upstream::build_client(connect_timeout));
-        let io = IoThreads::start(self.listener, threads, http::router(state), make_client)?;
-        drain.await;
+
+        shutdown.await;
+        state.draining.store(true, Ordering::Relaxed);
+        if let Some(mesh) = &mesh {
+            mesh.set_readiness(Readiness::Draining).await;
+        }
+        let settle = config.drain_settle();
+        tracing::info!(
+            settle_secs = settle.as_secs(),
+            "draining: readiness is 503, listener closes after the settle time"
+        );
+        tokio::time::sleep(settle).await;
+        // The I/O threads hold the router (and with it the state); dropping
+        // ours lets the mesh be taken back once they are gone.
+        drop(state);
+        tracing::info!("listener closed; finishing in-flight requests");
         io.shutdown().await;
         background.shutdown().await;
         if let Some(mesh) = mesh {

@@ -102,7 +102,8 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
 /// so the proxy depends on nothing of the HTTP front.
 #[derive(Debug)]
 pub struct Forwarder {
-    /// Pooled client for proxied requests.
+    /// Pooled client for proxied requests sent from outside an I/O thread
+    /// (each I/O thread uses its own: `upstream::send`).
     pub client: HttpClient,
     /// Backoff between attempts.
     pub retry: RetryConfig,
