@@ -75,7 +75,7 @@ impl Server {
         };
         let connect_timeout = config.proxy.connect_timeout();
         let forwarder = proxy::Forwarder {
-            client: upstream::build_client(connect_timeout),
+            connect_timeout,
             retry: config.retry.clone(),
             max_retries: config.retry.max_retries(),
             request_timeout: config.proxy.request_timeout(),
@@ -139,15 +139,8 @@ impl Server {
         }
         let addr = self.listener.local_addr()?;
         let threads = serving::resolve_thread_count(config.io_threads);
-        let make_client: serving::ClientFactory =
-            Arc::new(move || upstream::build_client(connect_timeout));
         let mesh = state.mesh.clone();
-        let io = IoThreads::start(
-            self.listener,
-            threads,
-            http::router(state.clone()),
-            make_client,
-        )?;
+        let io = IoThreads::start(self.listener, threads, http::router(state.clone()))?;
         tracing::info!(
             %addr,
             workers = state.registry.all().len(),

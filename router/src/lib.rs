@@ -12,6 +12,7 @@ pub mod engines;
 pub mod error;
 pub mod fleet;
 pub mod http;
+pub mod link;
 pub mod load;
 pub mod logging;
 pub mod mesh_setup;

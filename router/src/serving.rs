@@ -7,8 +7,8 @@
 //! of the proxy against a fast backend showed half of its CPU in the kernel
 //! doing exactly that. Here each I/O thread is a single-threaded runtime
 //! that accepts from its own handle on the listening socket and keeps every
-//! connection it accepted, and it talks to workers through its own pooled
-//! client ([`upstream::install_thread_client`]): one request is read,
+//! connection it accepted, and it talks to workers over connections pooled
+//! per thread (`link`): one request is read,
 //! routed, forwarded and answered on one thread, as nginx's workers do.
 //! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
 //! every thread; only socket work is per thread. Background work (health
@@ -31,14 +31,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::upstream::{self, HttpClient};
-
 /// Pause after an accept error that is not about one connection (e.g. out
 /// of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
-
-/// Makes the pooled worker client of one I/O thread.
-pub type ClientFactory = Arc<dyn Fn() -> HttpClient + Send + Sync>;
 
 /// How many I/O threads `--io-threads 0` means: one per available core.
 pub fn resolve_thread_count(flag: usize) -> usize {
@@ -67,15 +62,9 @@ pub struct IoThreads {
 }
 
 impl IoThreads {
-    /// Starts `count` I/O threads serving `app`, each with a pooled client
-    /// from `make_client` for its proxied requests, and the acceptor that
+    /// Starts `count` I/O threads serving `app`, and the acceptor that
     /// feeds them from `listener` (spawned on the current runtime).
-    pub fn start(
-        listener: TcpListener,
-        count: usize,
-        app: Router,
-        make_client: ClientFactory,
-    ) -> io::Result<Self> {
+    pub fn start(listener: TcpListener, count: usize, app: Router) -> io::Result<Self> {
         let (stop, stop_rx) = watch::channel(false);
         let mut lanes = Vec::with_capacity(count);
         let mut finished = Vec::with_capacity(count);
@@ -90,7 +79,6 @@ impl IoThreads {
                 app: app.clone(),
                 stop: stop_rx.clone(),
                 open: open.clone(),
-                make_client: make_client.clone(),
             };
             std::thread::Builder::new()
                 .name(format!("shoal-io-{index}"))
@@ -169,12 +157,10 @@ struct IoThread {
     app: Router,
     stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
-    make_client: ClientFactory,
 }
 
 impl IoThread {
     async fn run(self, mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>) {
-        upstream::install_thread_client((self.make_client)());
         // Every connection holds a receiver; `closed()` resolves when the
         // last one is gone.
         let (all_closed, open_guard) = watch::channel(());
@@ -236,11 +222,12 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let builder = auto::Builder::new(TokioExecutor::new());
     let service = TowerToHyperService::new(app);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut stopping = false;
     loop {
         tokio::select! {
+            biased;
             result = connection.as_mut() => {
                 if let Err(err) = result {
                     tracing::trace!(error = %err, "connection ended with an error");
@@ -282,8 +269,7 @@ mod tests {
     async fn start(threads: usize) -> (IoThreads, String) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let factory: ClientFactory = Arc::new(|| upstream::build_client(Duration::from_secs(1)));
-        let io = IoThreads::start(listener, threads, app(), factory).unwrap();
+        let io = IoThreads::start(listener, threads, app()).unwrap();
         (io, url)
     }
 

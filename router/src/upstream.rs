@@ -1,8 +1,8 @@
 //! The HTTP client the router uses to talk to engines, and a bounded GET for
 //! the side channels (health checks, load polls, model lists).
 //!
-//! One hyper-util pooled client type serves every path: on the proxy path it
-//! passes bodies through frame by frame without copying.
+//! The proxied requests themselves go through `link`, the proxy's own
+//! HTTP/1.1 client; this general pooled client serves the side channels.
 
 use std::time::Duration;
 
@@ -26,32 +26,6 @@ pub fn build_client(connect_timeout: Duration) -> HttpClient {
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
         .build(connector)
-}
-
-thread_local! {
-    /// The pooled client of the I/O thread running here, if this is one
-    /// (see `serving`): proxied requests use it so the worker connection's
-    /// task lives on the same thread as the client connection's.
-    static THREAD_CLIENT: std::cell::RefCell<Option<HttpClient>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Makes `client` the one proxied requests sent from this thread use.
-/// Called once by each I/O thread as it starts.
-pub fn install_thread_client(client: HttpClient) {
-    THREAD_CLIENT.with(|slot| *slot.borrow_mut() = Some(client));
-}
-
-/// Sends `request` with this thread's own client when it has one (an I/O
-/// thread), else with `shared`.
-pub fn send(
-    shared: &HttpClient,
-    request: Request<Full<Bytes>>,
-) -> hyper_util::client::legacy::ResponseFuture {
-    THREAD_CLIENT.with(|slot| match &*slot.borrow() {
-        Some(own) => own.request(request),
-        None => shared.request(request),
-    })
 }
 
 /// Joins a worker base URL (maybe with a path prefix) and a request path.

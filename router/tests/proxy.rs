@@ -299,31 +299,3 @@ async fn a_worker_that_never_answers_gets_504_at_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(router.worker(&engine.url).await["inflight_requests"], 0);
 }
-
-#[tokio::test]
-async fn a_request_that_cannot_be_built_for_its_worker_gets_400_and_is_counted() {
-    // The joined worker URI (base with a long prefix + path) passes the
-    // URI length limit while the client's own URI does not: `bad_path`.
-    let engine = FakeEngine::start().await;
-    let worker = format!("{}/{}", engine.url, "p".repeat(200));
-    let router = Router::start(&base_args(&[&worker])).await;
-    let limit = usize::from(u16::MAX - 1);
-    let client_base = router.url("");
-    let path = "/v1/embeddings?pad=";
-    let pad = "x".repeat(limit - client_base.len() - path.len());
-    let response = reqwest::Client::new()
-        .post(router.url(&format!("{path}{pad}")))
-        .json(&serde_json::json!({"model": "m", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_openai_error(response, 400, "bad_path").await;
-    assert_eq!(engine.state.requests.load(Ordering::SeqCst), 0);
-    let metrics = router.metrics().await;
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "shoal_requests_total{route=\"embeddings\",status=\"400\"} 1"),
-        "a bad_path answer is counted once:\n{metrics}"
-    );
-}

@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
+use crate::link::LinkBody;
 use crate::telemetry::RequestRecord;
 use crate::workers::Booking;
 use crate::workers::Worker;
@@ -24,10 +24,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A worker's response body that accounts for the request it belongs to.
 pub struct TrackedBody {
-    inner: Incoming,
+    inner: LinkBody,
     booking: Option<Booking>,
     worker: Arc<Worker>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// End of the request's time budget.
+    deadline: tokio::time::Instant,
+    /// The timer for it, made the first time the body has to wait.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     record: Option<RequestRecord>,
     saw_data: bool,
 }
@@ -36,7 +39,7 @@ impl TrackedBody {
     /// Wraps `inner`; `deadline` is the end of the request's time budget,
     /// `record` the request's accounting with the worker's status set.
     pub fn new(
-        inner: Incoming,
+        inner: LinkBody,
         booking: Booking,
         worker: Arc<Worker>,
         deadline: tokio::time::Instant,
@@ -46,7 +49,8 @@ impl TrackedBody {
             inner,
             booking: Some(booking),
             worker,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline,
+            timer: None,
             record: Some(record),
             saw_data: false,
         }
@@ -79,12 +83,6 @@ impl Body for TrackedBody {
         if this.booking.is_none() {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.finish("deadline");
-            return Poll::Ready(Some(Err(
-                "request deadline (--request-timeout-secs) exceeded".into(),
-            )));
-        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if !this.saw_data && frame.data_ref().is_some_and(|d| !d.is_empty()) {
@@ -95,6 +93,11 @@ impl Body for TrackedBody {
                     if let Some(record) = &this.record {
                         record.first_token();
                     }
+                }
+                if this.inner.is_end_stream() {
+                    // The last frame: the request ends here, not when the
+                    // server gets round to dropping the body.
+                    this.finish("complete");
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -107,7 +110,21 @@ impl Body for TrackedBody {
                 this.finish("complete");
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // The deadline is armed only once the body has to wait: a
+                // body that is already read never touches the timer wheel.
+                let deadline = this.deadline;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    this.finish("deadline");
+                    return Poll::Ready(Some(Err(
+                        "request deadline (--request-timeout-secs) exceeded".into(),
+                    )));
+                }
+                Poll::Pending
+            }
         }
     }
 

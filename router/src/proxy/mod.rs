@@ -27,53 +27,19 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, StatusCode, header};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http::{HeaderMap, Method, StatusCode};
 
 use crate::config::RetryConfig;
 use crate::error::ApiError;
 use crate::fleet::FleetView;
+use crate::link::{self, LinkBody};
 use crate::policy::Policy;
 use crate::request::RequestInfo;
 use crate::telemetry::{self, RequestRecord};
-use crate::upstream::{self, HttpClient};
+use crate::upstream;
 use crate::workers::{Booking, Registry, Worker};
 
 pub use body::TrackedBody;
-
-/// Headers that describe one hop's connection and must not be forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Drops the hop-by-hop headers: the fixed set, and every header the
-/// `Connection` header names (RFC 9110 §7.6.1), e.g. `Connection: x-trace`
-/// makes `x-trace` a header for this hop only.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
-}
 
 fn is_retryable(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
@@ -102,9 +68,9 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
 /// so the proxy depends on nothing of the HTTP front.
 #[derive(Debug)]
 pub struct Forwarder {
-    /// Pooled client for proxied requests sent from outside an I/O thread
-    /// (each I/O thread uses its own: `upstream::send`).
-    pub client: HttpClient,
+    /// Deadline for opening a connection to a worker (connections are
+    /// pooled per thread by [`link`]).
+    pub connect_timeout: Duration,
     /// Backoff between attempts.
     pub retry: RetryConfig,
     /// Retries allowed after the first attempt (0 when retries are off).
@@ -154,7 +120,7 @@ enum Failure {
 
 /// A worker's response headers, with the booking and worker it belongs to.
 struct Answer {
-    response: http::Response<Incoming>,
+    response: http::Response<LinkBody>,
     booking: Booking,
     worker: Arc<Worker>,
 }
@@ -179,15 +145,18 @@ impl Answer {
     /// booking and ends `record` when it ends.
     fn deliver(self, mut record: RequestRecord, deadline: tokio::time::Instant) -> Response {
         record.first_byte();
-        let (mut parts, incoming) = self.response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
+        // The link already dropped the hop-by-hop headers.
+        let (parts, body) = self.response.into_parts();
         record.set_status(parts.status.as_u16());
-        let tracked = TrackedBody::new(incoming, self.booking, self.worker, deadline, record);
+        let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, record);
         Response::from_parts(parts, Body::new(tracked))
     }
 }
 
 /// How one attempt ended.
+// A short-lived value on the request's stack: boxing the answer would cost
+// an allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     /// The worker answered (any status).
     Answered(Answer),
@@ -314,7 +283,7 @@ impl Forwarder {
             let token_work = workers.policy.token_work(request.info);
             match self
                 .attempt(worker, request, token_work, attempt, deadline)
-                .await?
+                .await
             {
                 Outcome::Answered(answer) if answer.is_retryable() && has_retry_left => {
                     let status = answer.response.status();
@@ -342,8 +311,7 @@ impl Forwarder {
     }
 
     /// One attempt on `worker`: book it, send, and classify what came back
-    /// (recording it on the worker's circuit breaker). `Err` only when the
-    /// request cannot even be built for this worker (`bad_path`, 400).
+    /// (recording it on the worker's circuit breaker).
     async fn attempt(
         &self,
         worker: Arc<Worker>,
@@ -351,33 +319,30 @@ impl Forwarder {
         token_work: u64,
         attempt: u32,
         deadline: tokio::time::Instant,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Outcome {
         let booking = worker.ledger().book(request.info.prompt_tokens, token_work);
-        let upstream_request = build_request(
-            &worker,
-            request.headers,
-            request.path_and_query,
-            request.body.clone(),
+        let outgoing = link::Request {
+            method: &Method::POST,
+            path_and_query: request.path_and_query,
+            headers: request.headers,
+            body: &request.body,
+        };
+        let sent = tokio::time::timeout_at(
+            deadline,
+            link::send(worker.url(), outgoing, self.connect_timeout),
         )
-        .map_err(|err| {
-            ApiError::bad_request(
-                "bad_path",
-                format!("cannot forward to {}: {err}", worker.url()),
-            )
-        })?;
-        let sent =
-            tokio::time::timeout_at(deadline, upstream::send(&self.client, upstream_request)).await;
+        .await;
         match sent {
             Err(_elapsed) => {
                 worker.breaker().record_failure();
-                Ok(Outcome::Failed(booking, Failure::Timeout))
+                Outcome::Failed(booking, Failure::Timeout)
             }
             Ok(Err(err)) => {
                 worker.breaker().record_failure();
                 let reason = upstream::error_chain(&err);
                 tracing::warn!(worker = worker.url(), attempt, error = %reason, "worker request failed");
                 let failure = Failure::Transport(format!("{}: {reason}", worker.url()));
-                Ok(Outcome::Failed(booking, failure))
+                Outcome::Failed(booking, failure)
             }
             Ok(Ok(response)) => {
                 if response.status().is_server_error() {
@@ -385,11 +350,11 @@ impl Forwarder {
                 } else {
                     worker.breaker().record_success();
                 }
-                Ok(Outcome::Answered(Answer {
+                Outcome::Answered(Answer {
                     response,
                     booking,
                     worker,
-                }))
+                })
             }
         }
     }
@@ -407,52 +372,5 @@ impl Forwarder {
             }
             None => ApiError::no_workers("no worker available"),
         }
-    }
-}
-
-fn build_request(
-    worker: &Worker,
-    headers: &HeaderMap,
-    path_and_query: &str,
-    body: Bytes,
-) -> Result<Request<Full<Bytes>>, http::Error> {
-    let uri = upstream::join(worker.url(), path_and_query)?;
-    let mut request = Request::post(uri).body(Full::new(body))?;
-    let forwarded = request.headers_mut();
-    for (name, value) in headers {
-        if name != header::HOST && name != header::CONTENT_LENGTH {
-            forwarded.append(name.clone(), value.clone());
-        }
-    }
-    strip_hop_by_hop(forwarded);
-    Ok(request)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strips_fixed_hop_by_hop_headers_and_those_connection_names() {
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("connection", "keep-alive, X-Trace-Hop"),
-            ("connection", "x-other"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("x-trace-hop", "1"),
-            ("x-other", "2"),
-            ("x-request-id", "kept"),
-            ("authorization", "Bearer kept"),
-        ] {
-            headers.append(
-                HeaderName::from_static(name),
-                http::HeaderValue::from_static(value),
-            );
-        }
-        strip_hop_by_hop(&mut headers);
-        let mut left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["authorization", "x-request-id"]);
     }
 }

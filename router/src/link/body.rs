@@ -1,0 +1,174 @@
+//! A response body read straight from the engine's connection.
+//!
+//! Each poll hands on what the socket has (a content-length slice or a
+//! chunk's data, sliced out of the read buffer without copying) and reads
+//! more only when the buffer is spent, on the task that polls it: no
+//! connection task, no channel between them. When the last byte is handed
+//! on the connection goes back to this thread's pool at once; a body
+//! dropped before its end closes the connection, which is how the engine
+//! learns the client went away.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use super::LinkError;
+use super::chunked::{ChunkedDecoder, Step};
+use super::conn::{self, Conn};
+use super::head::Framing;
+
+/// Where the body is.
+#[derive(Debug)]
+enum Remaining {
+    /// Content-Length bytes left.
+    Length(u64),
+    /// A chunked body.
+    Chunked(ChunkedDecoder),
+    /// Until the engine closes.
+    UntilClose,
+}
+
+/// The body of one engine response.
+#[derive(Debug)]
+pub struct LinkBody {
+    /// The connection, until the body ended or failed.
+    conn: Option<Conn>,
+    remaining: Remaining,
+    /// Whether the connection may be reused after the body.
+    keep_alive: bool,
+}
+
+impl LinkBody {
+    /// The body that follows a response head on `conn` (the head already
+    /// consumed from its buffer).
+    pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool) -> Self {
+        let remaining = match framing {
+            Framing::Length(n) => Remaining::Length(n),
+            Framing::Chunked => Remaining::Chunked(ChunkedDecoder::new()),
+            Framing::UntilClose => Remaining::UntilClose,
+        };
+        let mut body = Self {
+            conn: Some(conn),
+            remaining,
+            keep_alive,
+        };
+        body.finish_if_complete();
+        body
+    }
+
+    /// Gives the connection back once the body is known complete.
+    fn finish_if_complete(&mut self) {
+        let complete = match &mut self.remaining {
+            Remaining::Length(left) => *left == 0,
+            Remaining::Chunked(decoder) => match self.conn.as_mut() {
+                Some(conn) => decoder.finish_if_buffered(&mut conn.buf).unwrap_or(false),
+                None => decoder.is_done(),
+            },
+            Remaining::UntilClose => false,
+        };
+        if complete {
+            self.remaining = Remaining::Length(0);
+            if let Some(conn) = self.conn.take()
+                && self.keep_alive
+            {
+                conn::put(conn);
+            }
+        }
+    }
+
+    /// The next frame's bytes from the buffer alone: `Ok(None)` when more
+    /// must be read first.
+    fn next_buffered(&mut self) -> Result<Option<Option<Bytes>>, LinkError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(Some(None));
+        };
+        match &mut self.remaining {
+            Remaining::Length(0) => Ok(Some(None)),
+            Remaining::Length(left) => {
+                if conn.buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = usize::try_from(*left)
+                    .unwrap_or(usize::MAX)
+                    .min(conn.buf.len());
+                *left -= take as u64;
+                Ok(Some(Some(conn.buf.split_to(take).freeze())))
+            }
+            Remaining::Chunked(decoder) => match decoder.decode(&mut conn.buf) {
+                Ok(Step::Data(data)) => Ok(Some(Some(data))),
+                Ok(Step::End) => Ok(Some(None)),
+                Ok(Step::NeedMore) => Ok(None),
+                Err(err) => Err(LinkError::Chunked(err)),
+            },
+            Remaining::UntilClose => {
+                if conn.buf.is_empty() {
+                    return Ok(None);
+                }
+                let all = conn.buf.len();
+                Ok(Some(Some(conn.buf.split_to(all).freeze())))
+            }
+        }
+    }
+}
+
+impl Body for LinkBody {
+    type Data = Bytes;
+    type Error = LinkError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, LinkError>>> {
+        let this = self.get_mut();
+        loop {
+            match this.next_buffered() {
+                Err(err) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Ok(Some(Some(data))) => {
+                    this.finish_if_complete();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Some(None)) => {
+                    this.finish_if_complete();
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match conn.poll_fill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(err)) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(LinkError::Read(err))));
+                }
+                Poll::Ready(Ok(0)) => {
+                    this.conn = None;
+                    if matches!(this.remaining, Remaining::UntilClose) {
+                        this.remaining = Remaining::Length(0);
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Err(LinkError::Truncated)));
+                }
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.is_none() || matches!(self.remaining, Remaining::Length(0))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Remaining::Length(left) => SizeHint::with_exact(left),
+            _ => SizeHint::default(),
+        }
+    }
+}

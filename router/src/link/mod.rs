@@ -1,0 +1,203 @@
+//! The proxy's own HTTP/1.1 client to engines: one request out, the
+//! response head back, the body read from the socket as it is polled.
+//!
+//! Why not a general client: profiles of the proxy against a fast backend
+//! put a third of its user-space CPU in the pooled client (hyper-util's
+//! legacy `Client`): a pool lock and hash per request, a connection task
+//! fed through channels, a task spawned per request to hand the connection
+//! back. A router talks to known engines over plain HTTP/1.1 with one shape
+//! of request, so this does only that, inline on the task that serves the
+//! client: the request head and body go out in one vectored write, the
+//! response head is parsed with `httparse` (hyper's own parser) and the
+//! body ([`LinkBody`]) is sliced out of the read buffer frame by frame,
+//! zero-copy. Connections are pooled per thread (`conn`). Health checks,
+//! load polls and model lists keep using `upstream`'s general client.
+//!
+//! What it does not do: HTTP/2, TLS, upgrades, request bodies that stream
+//! (the proxy reads a request whole before routing it).
+
+mod body;
+pub mod chunked;
+mod conn;
+pub mod head;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::{HeaderMap, Method, Response};
+
+pub use body::LinkBody;
+pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ENGINE, PROBE_AFTER, idle_count};
+pub use head::strip_hop_by_hop;
+
+use conn::{Conn, ConnectError};
+use head::HeadError;
+
+/// Why an exchange with an engine failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The worker URL is not `http://host[:port][/prefix]`.
+    #[error("bad worker URL `{0}`")]
+    Url(String),
+    /// No connection could be opened.
+    #[error("{0}")]
+    Connect(#[from] ConnectError),
+    /// Writing the request failed.
+    #[error("sending the request failed: {0}")]
+    Write(std::io::Error),
+    /// Reading the response failed.
+    #[error("reading the response failed: {0}")]
+    Read(std::io::Error),
+    /// The engine closed the connection before any byte of an answer.
+    #[error("the engine closed the connection before answering")]
+    ClosedBeforeAnswer,
+    /// The response head was refused.
+    #[error("{0}")]
+    Head(#[from] HeadError),
+    /// The chunked body was malformed.
+    #[error("malformed chunked body: {0}")]
+    Chunked(#[from] chunked::ChunkError),
+    /// The engine closed the connection in the middle of the response.
+    #[error("the engine closed the connection mid-response")]
+    Truncated,
+}
+
+/// One request to send: everything but the worker.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// Method (the proxy sends POST).
+    pub method: &'a Method,
+    /// Path and query, appended to the worker's path prefix.
+    pub path_and_query: &'a str,
+    /// The client's headers; hop-by-hop ones, `host`, `content-length`
+    /// and `expect` are not forwarded.
+    pub headers: &'a HeaderMap,
+    /// The request body, sent whole.
+    pub body: &'a Bytes,
+}
+
+/// A worker base URL split for the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Target<'a> {
+    /// `host[:port]`, as the `Host` header.
+    host: &'a str,
+    /// Path prefix (empty or starting with `/`).
+    prefix: &'a str,
+}
+
+impl<'a> Target<'a> {
+    fn parse(base: &'a str) -> Result<Self, LinkError> {
+        let rest = base
+            .strip_prefix("http://")
+            .ok_or_else(|| LinkError::Url(base.to_string()))?;
+        let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if host.is_empty() {
+            return Err(LinkError::Url(base.to_string()));
+        }
+        Ok(Self { host, prefix })
+    }
+
+    /// `host:port` to connect to (port 80 when the URL has none).
+    fn connect_authority(&self) -> Cow<'a, str> {
+        let has_port = match self.host.rfind(']') {
+            // IPv6 literal: a port follows the bracket.
+            Some(bracket) => self.host[bracket..].contains(':'),
+            None => self.host.contains(':'),
+        };
+        if has_port {
+            Cow::Borrowed(self.host)
+        } else {
+            Cow::Owned(format!("{}:80", self.host))
+        }
+    }
+}
+
+/// Sends `request` to the worker at `base` and returns the response with
+/// its body still on the wire.
+///
+/// A pooled connection is used when this thread has one; if the engine
+/// turns out to have closed it before answering (its keep-alive timeout
+/// raced the reuse), the request goes once more on a new connection, as
+/// nothing of it was processed.
+pub async fn send(
+    base: &str,
+    request: Request<'_>,
+    connect_timeout: Duration,
+) -> Result<Response<LinkBody>, LinkError> {
+    let target = Target::parse(base)?;
+    let mut head = Vec::with_capacity(256 + request.headers.len() * 64);
+    head::encode_request(
+        request.method,
+        target.host,
+        (target.prefix, request.path_and_query),
+        request.headers,
+        request.body.len(),
+        &mut head,
+    );
+    let authority = target.connect_authority();
+    if let Some(conn) = conn::take(&authority) {
+        match exchange(conn, &head, request).await {
+            Err(Exchange::Stale(_)) => {}
+            Err(Exchange::Failed(err)) => return Err(err),
+            Ok(response) => return Ok(response),
+        }
+    }
+    let conn = Conn::connect(Arc::from(authority), connect_timeout).await?;
+    match exchange(conn, &head, request).await {
+        Ok(response) => Ok(response),
+        Err(Exchange::Stale(err) | Exchange::Failed(err)) => Err(err),
+    }
+}
+
+/// How an exchange failed.
+enum Exchange {
+    /// Nothing came back and the connection is unusable: safe to resend
+    /// on a new one if this one was reused.
+    Stale(LinkError),
+    /// Anything else.
+    Failed(LinkError),
+}
+
+/// Writes the request on `conn` and reads the response head.
+async fn exchange(
+    mut conn: Conn,
+    head: &[u8],
+    request: Request<'_>,
+) -> Result<Response<LinkBody>, Exchange> {
+    conn.buf.clear();
+    if let Err(err) = conn.write_request(head, request.body).await {
+        return Err(Exchange::Stale(LinkError::Write(err)));
+    }
+    let mut received = false;
+    loop {
+        if !conn.buf.is_empty() {
+            received = true;
+            let parsed = head::parse_response(&conn.buf, request.method)
+                .map_err(|err| Exchange::Failed(err.into()))?;
+            if let Some((parsed, len)) = parsed {
+                conn.buf.advance(len);
+                if parsed.status.is_informational() {
+                    continue;
+                }
+                let mut response =
+                    Response::new(LinkBody::new(conn, parsed.framing, parsed.keep_alive));
+                *response.status_mut() = parsed.status;
+                *response.version_mut() = parsed.version;
+                *response.headers_mut() = parsed.headers;
+                return Ok(response);
+            }
+        }
+        match conn.fill().await {
+            Ok(0) if !received => return Err(Exchange::Stale(LinkError::ClosedBeforeAnswer)),
+            Err(err) if !received => return Err(Exchange::Stale(LinkError::Read(err))),
+            Ok(0) => return Err(Exchange::Failed(LinkError::Truncated)),
+            Err(err) => return Err(Exchange::Failed(LinkError::Read(err))),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
