@@ -170,6 +170,34 @@ fn cache_aware_kv_guard(bencher: Bencher, n: usize) {
     run(bencher, &policy, &fleet);
 }
 
+/// One prefix-tree upkeep round with every worker over its byte bound: 40
+/// prompts of 2,000 bytes routed per worker against a 20 KB bound. The
+/// whole round is timed (before the upkeep stepped, the whole round was
+/// one hold of the tree's lock); the figure selections feel now, the
+/// longest single hold, is printed once before the samples.
+#[divan::bench(args = [64, 1024], sample_count = 5, sample_size = 1)]
+fn cache_aware_upkeep(bencher: Bencher, n: usize) {
+    let warm = || {
+        let fleet = fleet(n);
+        let policy = CacheAwarePolicy::new(CacheAwareConfig {
+            max_tree_size: 20_000,
+            ..CacheAwareConfig::default()
+        });
+        for i in 0..(40 * n as u64) {
+            policy.select(&fleet.workers, &prompt(i), &fleet.view);
+        }
+        policy
+    };
+    let upkeep = warm().evict_now();
+    eprintln!(
+        "cache_aware_upkeep n={n}: evicted {} bytes in {} lock holds, longest hold {:?}",
+        upkeep.evicted_bytes, upkeep.lock_holds, upkeep.longest_hold
+    );
+    bencher
+        .with_inputs(warm)
+        .bench_local_values(|policy| policy.evict_now());
+}
+
 /// The floor under every load-reading policy: one `FleetView::load` of
 /// every worker (ledger counters plus the snapshot cell).
 #[divan::bench(args = WORKERS)]

@@ -167,7 +167,8 @@ else:
         goals.append({"target": t["label"], "goal": "mesh-on CPU/req <= 1.10 x mesh-off",
                       "met": x <= 1.10,
                       "detail": f"{on['cpu_us_per_req']['median']:.1f} vs "
-                                f"{off['cpu_us_per_req']['median']:.1f} µs = {x:.2f} x"})
+                                f"{off['cpu_us_per_req']['median']:.1f} µs; per-round ratios "
+                                f"{min(per_round):.2f}–{max(per_round):.2f}, median {x:.2f} x"})
     goal_lines.append(f"\nGoals (fixed backend, c={gconc}, medians over {cfg['rounds']} round(s)):")
     for g in goals:
         goal_lines.append(f"- {g['target']}: {g['goal']}: {'met' if g['met'] else 'NOT met'} "

@@ -94,6 +94,17 @@ enum Imbalance {
     Requests,
 }
 
+/// What one prefix-tree upkeep round did, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeUpkeep {
+    /// Bytes evicted to bring every worker within `--max-tree-size`.
+    pub evicted_bytes: usize,
+    /// Times the round took the tree's lock (it steps, releasing it).
+    pub lock_holds: usize,
+    /// The longest hold: the most a selection could have waited.
+    pub longest_hold: Duration,
+}
+
 /// The `cache_aware` policy.
 #[derive(Debug)]
 pub struct CacheAwarePolicy {
@@ -114,10 +125,15 @@ impl CacheAwarePolicy {
         }
     }
 
-    /// Runs one eviction round now (what the background task does every
-    /// `--eviction-interval-secs`); returns the bytes evicted.
-    pub fn evict_now(&self) -> usize {
-        self.tree.maintain(self.config.max_tree_size).evicted_bytes
+    /// Runs one upkeep round now (what the background task does every
+    /// `--eviction-interval-secs`) and says what it did.
+    pub fn evict_now(&self) -> TreeUpkeep {
+        let upkeep = self.tree.maintain(self.config.max_tree_size);
+        TreeUpkeep {
+            evicted_bytes: upkeep.evicted_bytes,
+            lock_holds: upkeep.holds,
+            longest_hold: upkeep.longest_hold,
+        }
     }
 
     fn imbalance(&self, s: &Survey) -> Option<Imbalance> {
@@ -223,6 +239,8 @@ impl Policy for CacheAwarePolicy {
                         forgotten_nodes = upkeep.forgotten_nodes,
                         evicted_bytes = upkeep.evicted_bytes,
                         nodes = upkeep.nodes,
+                        lock_holds = upkeep.holds,
+                        longest_hold_us = upkeep.longest_hold.as_micros() as u64,
                         "prefix tree upkeep"
                     ),
                     Err(err) => tracing::warn!(error = %err, "prefix tree upkeep failed"),

@@ -60,7 +60,7 @@ use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
-pub use cache_aware::CacheAwarePolicy;
+pub use cache_aware::{CacheAwarePolicy, TreeUpkeep};
 pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;

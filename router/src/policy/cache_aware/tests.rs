@@ -226,7 +226,7 @@ fn eviction_bounds_the_tree_and_forgets_removed_workers() {
     let size = |i: usize| policy.tree.lock().size_of(workers[i].id());
     assert!(size(0) > 64);
     assert_eq!(size(1), 14);
-    assert!(policy.evict_now() > 0);
+    assert!(policy.evict_now().evicted_bytes > 0);
     assert!(size(0) <= 64);
     assert_eq!(size(1), 14, "under the bound: kept");
     policy.on_worker_removed(&workers[1]);

@@ -1,6 +1,7 @@
 //! Shrinking the tree: per-tenant LRU eviction down to a size bound, and
 //! forgetting tenants (removed workers). Both walk the whole arena, so they
-//! run in the background task, never on a request.
+//! run in the background task, never on a request; eviction runs in
+//! bounded steps so the lock selections share is never held for long.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -10,43 +11,106 @@ use super::{FREE, IdMap, PrefixTree, ROOT, Tenant};
 /// Oldest-first queue of a tenant's leaves: (last access tick, node).
 type LeafHeap = BinaryHeap<Reverse<(u64, u32)>>;
 
+/// Arena slots scanned for eviction candidates per lock hold.
+pub(crate) const SCAN_CHUNK: usize = 4 * 1024;
+/// Candidate leaves examined per lock hold while evicting.
+pub(crate) const EVICT_BATCH: usize = 512;
+
+/// One eviction round in progress: for each tenant over the bound, its
+/// candidate leaves oldest first, and how far the arena has been scanned.
+///
+/// Why a value of its own: the round runs in steps, each under its own
+/// short hold of the tree's lock (see `SharedTree::maintain`), so
+/// selections never wait for a whole-tree walk. Between steps selections
+/// may touch, extend or split what was found; every candidate is checked
+/// again when its turn comes ([`PrefixTree::evict_some`]).
+#[derive(Debug, Default)]
+pub(crate) struct EvictionRound {
+    heaps: IdMap<LeafHeap>,
+    next_slot: usize,
+}
+
 impl PrefixTree {
     /// Evicts, for every tenant holding more than `max_bytes`, its least
     /// recently used leaves (a node of the tenant none of whose children
     /// the tenant holds) until it fits, the way the SGLang gateway does.
     /// A node no tenant holds any more is freed. Returns the bytes evicted.
+    /// All in one go (tests); the policy's upkeep runs the same round in
+    /// steps (`SharedTree::maintain`).
+    #[cfg(test)]
     pub(crate) fn evict(&mut self, max_bytes: usize) -> usize {
-        let mut heaps: IdMap<LeafHeap> = self
+        let Some(mut round) = self.eviction_round(max_bytes) else {
+            return 0;
+        };
+        self.scan_leaves(&mut round, usize::MAX);
+        self.evict_some(&mut round, max_bytes, usize::MAX).0
+    }
+
+    /// Starts a round for the tenants over `max_bytes`; `None` when none is.
+    pub(crate) fn eviction_round(&self, max_bytes: usize) -> Option<EvictionRound> {
+        let heaps: IdMap<LeafHeap> = self
             .sizes
             .iter()
             .filter(|(_, size)| **size > max_bytes)
             .map(|(tenant, _)| (*tenant, LeafHeap::new()))
             .collect();
-        if heaps.is_empty() {
-            return 0;
-        }
-        for (slot, node) in self.nodes.iter().enumerate().skip(1) {
+        (!heaps.is_empty()).then_some(EvictionRound {
+            heaps,
+            next_slot: 1,
+        })
+    }
+
+    /// Scans up to `limit` more arena slots for the round's candidate
+    /// leaves. Returns whether the whole arena has now been scanned.
+    pub(crate) fn scan_leaves(&self, round: &mut EvictionRound, limit: usize) -> bool {
+        let end = self.nodes.len().min(round.next_slot.saturating_add(limit));
+        for slot in round.next_slot..end {
+            let node = &self.nodes[slot];
             if node.parent == FREE {
                 continue;
             }
             for (tenant, tick) in &node.tenants {
-                if let Some(heap) = heaps.get_mut(tenant)
+                if let Some(heap) = round.heaps.get_mut(tenant)
                     && !self.child_holds(slot as u32, *tenant)
                 {
                     heap.push(Reverse((*tick, slot as u32)));
                 }
             }
         }
+        round.next_slot = end.max(round.next_slot);
+        round.next_slot >= self.nodes.len()
+    }
+
+    /// Evicts the round's candidates, oldest first per tenant, until each
+    /// tenant fits or `limit` candidates were examined. A candidate a
+    /// selection touched (newer tick), extended (no longer a leaf) or freed
+    /// since the scan is skipped. Returns the bytes evicted and whether the
+    /// round is finished.
+    pub(crate) fn evict_some(
+        &mut self,
+        round: &mut EvictionRound,
+        max_bytes: usize,
+        limit: usize,
+    ) -> (usize, bool) {
         let mut evicted = 0;
-        for (tenant, mut heap) in heaps {
+        let mut budget = limit;
+        let tenants: Vec<Tenant> = round.heaps.keys().copied().collect();
+        for tenant in tenants {
+            let Some(heap) = round.heaps.get_mut(&tenant) else {
+                continue;
+            };
             while self.size_of(tenant) > max_bytes {
-                let Some(Reverse((_, node))) = heap.pop() else {
+                if budget == 0 {
+                    return (evicted, false);
+                }
+                budget -= 1;
+                let Some(Reverse((tick, node))) = heap.pop() else {
                     break;
                 };
-                let parent = self.nodes[node as usize].parent;
-                if parent == FREE {
+                if !self.is_leaf_of(node, tenant, tick) {
                     continue;
                 }
+                let parent = self.nodes[node as usize].parent;
                 evicted += self.drop_leaf(node, tenant);
                 if parent != ROOT
                     && let Some(tick) = self.nodes[parent as usize].tenants.get(&tenant).copied()
@@ -55,8 +119,19 @@ impl PrefixTree {
                     heap.push(Reverse((tick, parent)));
                 }
             }
+            round.heaps.remove(&tenant);
         }
-        evicted
+        (evicted, true)
+    }
+
+    /// Whether `node` is live, held by `tenant` since exactly `tick`, and a
+    /// leaf of the tenant (none of its children held by it).
+    fn is_leaf_of(&self, node: u32, tenant: Tenant, tick: u64) -> bool {
+        self.nodes.get(node as usize).is_some_and(|slot| {
+            slot.parent != FREE
+                && slot.tenants.get(&tenant) == Some(&tick)
+                && !self.child_holds(node, tenant)
+        })
     }
 
     /// Removes `tenants` from every node and frees the nodes left without

@@ -149,3 +149,67 @@ fn shared_tree_maintenance_forgets_and_evicts() {
     assert_eq!(shared.maintain(100).forgotten_nodes, 1);
     assert_eq!(shared.lock().node_count(), 1);
 }
+
+#[test]
+fn upkeep_in_small_steps_releases_the_lock_and_spares_what_selections_touch() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let shared = SharedTree::default();
+    let prompt = |i: u32| format!("system prompt {} / user turn {i:04}", i % 4).into_bytes();
+    for i in 0..300 {
+        shared.lock().insert(&prompt(i), u64::from(i % 3));
+    }
+    let hot = prompt(7);
+    let steps = super::shared::Steps { scan: 5, evict: 3 };
+    let mut gaps = 0;
+    let upkeep = shared.maintain_in_steps(200, steps, || {
+        // Selections run between the steps: new prompts, and one old
+        // prompt used again.
+        gaps += 1;
+        let mut tree = shared.try_lock().expect("the upkeep released the lock");
+        tree.insert(&prompt(1000 + rng.random_range(0..50)), 2);
+        tree.insert(&hot, 1);
+    });
+    let tree = shared.lock();
+    check(&tree);
+    assert!(
+        gaps > 20 && upkeep.holds == gaps + 2,
+        "{gaps} gaps, {upkeep:?}"
+    );
+    assert!(upkeep.evicted_bytes > 0);
+    let mut path = Vec::new();
+    tree.walk(&hot, &mut path);
+    let last = path.last().expect("the hot prompt is still in the tree");
+    assert_eq!(last.matched, hot.len());
+    assert!(
+        tree.tenants(last.node).contains_key(&1),
+        "touched between steps: kept"
+    );
+    drop(tree);
+    // A quiet run afterwards brings every tenant within the bound.
+    shared.maintain(200);
+    let tree = shared.lock();
+    check(&tree);
+    assert!((0..3).all(|t| tree.size_of(t) <= 200));
+}
+
+#[test]
+fn eviction_round_skips_candidates_changed_since_the_scan() {
+    let mut tree = PrefixTree::default();
+    tree.insert(b"one-old", 1);
+    tree.insert(b"two-old", 1);
+    let mut round = tree.eviction_round(7).expect("tenant 1 is over the bound");
+    assert!(tree.scan_leaves(&mut round, usize::MAX));
+    // After the scan a selection uses "one-old" again and extends
+    // "two-old": neither candidate is the oldest leaf any more.
+    tree.insert(b"one-old", 1);
+    tree.insert(b"two-older", 1);
+    let (evicted, finished) = tree.evict_some(&mut round, 7, usize::MAX);
+    check(&tree);
+    assert!(finished);
+    assert_eq!(evicted, 0, "every candidate went stale");
+    // The next full round finds the current leaves and evicts.
+    assert!(tree.evict(7) > 0);
+    check(&tree);
+    assert!(tree.size_of(1) <= 7);
+}
