@@ -140,7 +140,8 @@ impl Server {
         let addr = self.listener.local_addr()?;
         let threads = serving::resolve_thread_count(config.io_threads);
         let mesh = state.mesh.clone();
-        let io = IoThreads::start(self.listener, threads, http::router(state.clone()))?;
+        let front = http::Front::new(state.clone(), http::router(state.clone()));
+        let io = IoThreads::start(self.listener, threads, front)?;
         tracing::info!(
             %addr,
             workers = state.registry.all().len(),

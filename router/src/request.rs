@@ -48,6 +48,11 @@ impl Route {
         }
     }
 
+    /// The route served at `path`, if any.
+    pub fn from_path(path: &str) -> Option<Route> {
+        Route::ALL.into_iter().find(|route| route.path() == path)
+    }
+
     /// Position in [`Route::ALL`], for per-route tables.
     pub const fn index(self) -> usize {
         self as usize

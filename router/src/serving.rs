@@ -19,17 +19,44 @@
 //! long-lived keep-alive connections still spreads over every thread; any
 //! listener a caller bound (tests bind port 0) works unchanged.
 
+use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
+
+/// What the I/O threads serve each connection with: a hyper service
+/// answering with axum's response type (the replica's `http::Front`).
+pub trait ConnectionService:
+    hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> ConnectionService for S where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// Pause after an accept error that is not about one connection (e.g. out
 /// of file descriptors), so the loop does not spin.
@@ -62,9 +89,14 @@ pub struct IoThreads {
 }
 
 impl IoThreads {
-    /// Starts `count` I/O threads serving `app`, and the acceptor that
-    /// feeds them from `listener` (spawned on the current runtime).
-    pub fn start(listener: TcpListener, count: usize, app: Router) -> io::Result<Self> {
+    /// Starts `count` I/O threads serving connections with `app`, and the
+    /// acceptor that feeds them from `listener` (spawned on the current
+    /// runtime).
+    pub fn start(
+        listener: TcpListener,
+        count: usize,
+        app: impl ConnectionService,
+    ) -> io::Result<Self> {
         let (stop, stop_rx) = watch::channel(false);
         let mut lanes = Vec::with_capacity(count);
         let mut finished = Vec::with_capacity(count);
@@ -153,13 +185,13 @@ async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiv
 }
 
 /// What one I/O thread needs.
-struct IoThread {
-    app: Router,
+struct IoThread<S> {
+    app: S,
     stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
 }
 
-impl IoThread {
+impl<S: ConnectionService> IoThread<S> {
     async fn run(self, mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>) {
         // Every connection holds a receiver; `closed()` resolves when the
         // last one is gone.
@@ -214,16 +246,29 @@ fn is_per_connection(err: &io::Error) -> bool {
 /// `_open` is held for the connection's lifetime (see [`IoThread::run`]).
 async fn serve_connection(
     stream: TcpStream,
-    app: Router,
+    app: impl ConnectionService,
     mut stop: watch::Receiver<bool>,
     _open: (watch::Receiver<()>, OpenConnection),
 ) {
     // Responses are written whole; never hold a small last segment back.
     let _ = stream.set_nodelay(true);
     let builder = auto::Builder::new(TokioExecutor::new());
-    let service = TowerToHyperService::new(app);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let connection = builder.serve_connection(TokioIo::new(stream), app);
     tokio::pin!(connection);
+    // The stop flag is watched by a task of its own that fires a oneshot:
+    // the connection is polled on every request's every wake-up, and a
+    // oneshot is one atomic check there, where the watch's wait takes its
+    // waiter list's lock each time.
+    let (mut stop_tx, mut stop_rx) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stop_now = tokio::select! {
+            _ = stopped(&mut stop) => true,
+            _ = stop_tx.closed() => false,
+        };
+        if stop_now {
+            let _ = stop_tx.send(());
+        }
+    });
     let mut stopping = false;
     loop {
         tokio::select! {
@@ -234,7 +279,7 @@ async fn serve_connection(
                 }
                 return;
             }
-            _ = stopped(&mut stop), if !stopping => {
+            _ = &mut stop_rx, if !stopping => {
                 stopping = true;
                 connection.as_mut().graceful_shutdown();
             }
@@ -252,8 +297,8 @@ mod tests {
 
     /// A router that answers with the name of the thread that served it,
     /// after `delay_ms` from the query (`/?delay_ms=200`).
-    fn app() -> Router {
-        Router::new().route(
+    fn app() -> axum::Router {
+        axum::Router::new().route(
             "/",
             get(
                 |query: axum::extract::Query<BTreeMap<String, u64>>| async move {
@@ -269,7 +314,8 @@ mod tests {
     async fn start(threads: usize) -> (IoThreads, String) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let io = IoThreads::start(listener, threads, app()).unwrap();
+        let service = hyper_util::service::TowerToHyperService::new(app());
+        let io = IoThreads::start(listener, threads, service).unwrap();
         (io, url)
     }
 

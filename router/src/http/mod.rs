@@ -2,6 +2,7 @@
 //! and the worker admin API.
 
 mod admin;
+mod front;
 mod inference;
 mod info;
 pub mod state;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{delete, get, post};
 
+pub use front::Front;
 use state::AppState;
 
 use crate::error::ApiError;
