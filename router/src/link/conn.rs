@@ -185,7 +185,8 @@ pub fn put(mut conn: Conn) {
     });
 }
 
-/// Idle connections this thread holds to `authority` (for tests).
+/// Idle connections this thread holds to `authority`.
+#[cfg(test)]
 pub fn idle_count(authority: &str) -> usize {
     POOL.with(|pool| pool.borrow().idle.get(authority).map_or(0, Vec::len))
 }

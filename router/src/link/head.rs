@@ -36,33 +36,6 @@ fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<Vec<u8>> 
         .collect()
 }
 
-/// Drops the hop-by-hop headers from `headers`: the fixed set, and every
-/// header the `Connection` header names (`Connection: x-trace` makes
-/// `x-trace` a header of this hop only).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named = connection_named(
-            headers
-                .get_all(header::CONNECTION)
-                .iter()
-                .map(HeaderValue::as_bytes),
-        );
-        for name in named {
-            if let Ok(name) = HeaderName::from_bytes(&name) {
-                headers.remove(name);
-            }
-        }
-    }
-    let fixed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| is_fixed_hop_by_hop(name))
-        .cloned()
-        .collect();
-    for name in fixed {
-        headers.remove(name);
-    }
-}
-
 /// Writes the request head: `METHOD target HTTP/1.1`, `host`, the client's
 /// end-to-end headers, and the body's `content-length`.
 ///
@@ -343,30 +316,6 @@ mod tests {
             "POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\nhost: engine:8000\r\n\
              authorization: Bearer kept\r\nx-request-id: kept\r\ncontent-length: 42\r\n\r\n"
         );
-    }
-
-    #[test]
-    fn strip_drops_the_fixed_set_and_what_connection_names() {
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("connection", "keep-alive, X-Trace-Hop"),
-            ("connection", "x-other"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("x-trace-hop", "1"),
-            ("x-other", "2"),
-            ("x-request-id", "kept"),
-            ("authorization", "Bearer kept"),
-        ] {
-            headers.append(
-                HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
-        }
-        strip_hop_by_hop(&mut headers);
-        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["authorization", "x-request-id"]);
     }
 
     #[test]

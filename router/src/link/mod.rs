@@ -2,10 +2,10 @@
 //! response head back, the body read from the socket as it is polled.
 //!
 //! Why not a general client: profiles of the proxy against a fast backend
-//! put a third of its user-space CPU in the pooled client (hyper-util's
-//! legacy `Client`): a pool lock and hash per request, a connection task
-//! fed through channels, a task spawned per request to hand the connection
-//! back. A router talks to known engines over plain HTTP/1.1 with one shape
+//! put 23 % of the I/O thread's CPU in the pooled client's connection task
+//! and 6.5 % more in its `send_request` (hyper-util's legacy `Client`: a
+//! pool lock and hash per request, a connection task fed through channels,
+//! a task spawned per request to hand the connection back). A router talks to known engines over plain HTTP/1.1 with one shape
 //! of request, so this does only that, inline on the task that serves the
 //! client: the request head and body go out in one vectored write, the
 //! response head is parsed with `httparse` (hyper's own parser) and the
@@ -17,9 +17,9 @@
 //! (the proxy reads a request whole before routing it).
 
 mod body;
-pub mod chunked;
+mod chunked;
 mod conn;
-pub mod head;
+mod head;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -29,8 +29,8 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, Method, Response};
 
 pub use body::LinkBody;
-pub use conn::{IDLE_TIMEOUT, MAX_IDLE_PER_ENGINE, PROBE_AFTER, idle_count};
-pub use head::strip_hop_by_hop;
+#[cfg(test)]
+use conn::idle_count;
 
 use conn::{Conn, ConnectError};
 use head::HeadError;

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use super::pick::{self, MinPick};
-use super::prefix_tree::{Level, PrefixTree, SharedTree};
+use super::prefix_tree::{Level, PrefixTree, SharedTree, TreeUpkeep};
 use super::{Policy, signals};
 use crate::config::CacheAwareConfig;
 use crate::fleet::FleetView;
@@ -94,17 +94,6 @@ enum Imbalance {
     Requests,
 }
 
-/// What one prefix-tree upkeep round did, for tests and benchmarks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeUpkeep {
-    /// Bytes evicted to bring every worker within `--max-tree-size`.
-    pub evicted_bytes: usize,
-    /// Times the round took the tree's lock (it steps, releasing it).
-    pub lock_holds: usize,
-    /// The longest hold: the most a selection could have waited.
-    pub longest_hold: Duration,
-}
-
 /// The `cache_aware` policy.
 #[derive(Debug)]
 pub struct CacheAwarePolicy {
@@ -128,12 +117,7 @@ impl CacheAwarePolicy {
     /// Runs one upkeep round now (what the background task does every
     /// `--eviction-interval-secs`) and says what it did.
     pub fn evict_now(&self) -> TreeUpkeep {
-        let upkeep = self.tree.maintain(self.config.max_tree_size);
-        TreeUpkeep {
-            evicted_bytes: upkeep.evicted_bytes,
-            lock_holds: upkeep.holds,
-            longest_hold: upkeep.longest_hold,
-        }
+        self.tree.maintain(self.config.max_tree_size)
     }
 
     fn imbalance(&self, s: &Survey) -> Option<Imbalance> {
@@ -239,7 +223,7 @@ impl Policy for CacheAwarePolicy {
                         forgotten_nodes = upkeep.forgotten_nodes,
                         evicted_bytes = upkeep.evicted_bytes,
                         nodes = upkeep.nodes,
-                        lock_holds = upkeep.holds,
+                        lock_holds = upkeep.lock_holds,
                         longest_hold_us = upkeep.longest_hold.as_micros() as u64,
                         "prefix tree upkeep"
                     ),

@@ -60,10 +60,11 @@ use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
-pub use cache_aware::{CacheAwarePolicy, TreeUpkeep};
+pub use cache_aware::CacheAwarePolicy;
 pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;
+pub use prefix_tree::TreeUpkeep;
 pub use random::RandomPolicy;
 pub use registry::{Registration, build, registration};
 pub use round_robin::RoundRobinPolicy;

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 pub(crate) use shared::SharedTree;
+pub use shared::TreeUpkeep;
 
 /// A worker as the tree knows it: [`crate::workers::Worker::id`].
 pub(crate) type Tenant = u64;

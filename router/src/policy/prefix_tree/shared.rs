@@ -8,19 +8,21 @@ use std::time::{Duration, Instant};
 use super::evict::{EVICT_BATCH, SCAN_CHUNK};
 use super::{PrefixTree, Tenant};
 
-/// What one upkeep run did.
+/// What one prefix-tree upkeep round did (logged by the policy's
+/// background task; returned to tests and benchmarks by
+/// `CacheAwarePolicy::evict_now`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Upkeep {
+pub struct TreeUpkeep {
     /// Nodes freed because their workers were removed.
-    pub(crate) forgotten_nodes: usize,
-    /// Bytes evicted to keep every worker under the size bound.
-    pub(crate) evicted_bytes: usize,
+    pub forgotten_nodes: usize,
+    /// Bytes evicted to bring every worker within `--max-tree-size`.
+    pub evicted_bytes: usize,
     /// Live nodes afterwards.
-    pub(crate) nodes: usize,
-    /// Times the upkeep took the lock.
-    pub(crate) holds: usize,
-    /// The longest of those holds: how long a selection could have waited.
-    pub(crate) longest_hold: Duration,
+    pub nodes: usize,
+    /// Times the round took the tree's lock (it steps, releasing it).
+    pub lock_holds: usize,
+    /// The longest hold: the most a selection could have waited.
+    pub longest_hold: Duration,
 }
 
 /// How an upkeep run steps through the tree.
@@ -75,7 +77,7 @@ impl SharedTree {
     /// Forgets removed workers, then evicts down to `max_bytes` per worker,
     /// in bounded steps with the lock released (and the thread yielded)
     /// between them. Walks the tree only when there is something to do.
-    pub(crate) fn maintain(&self, max_bytes: usize) -> Upkeep {
+    pub(crate) fn maintain(&self, max_bytes: usize) -> TreeUpkeep {
         self.maintain_in_steps(max_bytes, Steps::default(), std::thread::yield_now)
     }
 
@@ -86,18 +88,18 @@ impl SharedTree {
         max_bytes: usize,
         steps: Steps,
         mut between: impl FnMut(),
-    ) -> Upkeep {
+    ) -> TreeUpkeep {
         let gone = self
             .gone
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut upkeep = Upkeep::default();
+        let mut upkeep = TreeUpkeep::default();
         let mut held = |op: &mut dyn FnMut(&mut PrefixTree)| {
             let mut tree = self.lock();
             let started = Instant::now();
             op(&mut tree);
-            upkeep.holds += 1;
+            upkeep.lock_holds += 1;
             upkeep.longest_hold = upkeep.longest_hold.max(started.elapsed());
         };
         // Forgetting walks the whole arena in one hold, but only after a
@@ -127,7 +129,7 @@ impl SharedTree {
         }
         let mut nodes = 0;
         held(&mut |tree| nodes = tree.node_count());
-        Upkeep {
+        TreeUpkeep {
             forgotten_nodes,
             evicted_bytes,
             nodes,

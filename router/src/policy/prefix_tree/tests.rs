@@ -173,7 +173,7 @@ fn upkeep_in_small_steps_releases_the_lock_and_spares_what_selections_touch() {
     let tree = shared.lock();
     check(&tree);
     assert!(
-        gaps > 20 && upkeep.holds == gaps + 2,
+        gaps > 20 && upkeep.lock_holds == gaps + 2,
         "{gaps} gaps, {upkeep:?}"
     );
     assert!(upkeep.evicted_bytes > 0);
