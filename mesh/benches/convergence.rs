@@ -9,7 +9,7 @@
 //! load-plane bytes per second per peer pair.
 //!
 //! Run: `cargo bench -p shoal-mesh --bench convergence` (env `PROBES`,
-//! `RATE` override the defaults).
+//! `RATE`, `SYNC_MS`, `GAP_MS` override the defaults).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -93,10 +93,17 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    let gap_ms: u64 = std::env::var("GAP_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(shoal_mesh::DEFAULT_PUSH_MIN_GAP_MS);
+    println!("rate {rate}/s per node, sync {sync_ms} ms, push min gap {gap_ms} ms");
     let ca = Ca::new("bench-ca");
-    // Production timings (gossip 200 ms, anti-entropy 5 s), SYNC_MS sync (20 ms default).
+    // Production timings (gossip 200 ms, anti-entropy 5 s), SYNC_MS
+    // heartbeat (20 ms default), GAP_MS between pushes on change.
     let nodes = cluster(&ca, 3, |c| {
         c.sync_interval = Duration::from_millis(sync_ms);
+        c.push_min_gap = Duration::from_millis(gap_ms);
         c.anti_entropy_interval = Duration::from_secs(5);
         c.failure_detector = shoal_mesh::FailureDetectorSettings::default();
         c.link_idle_timeout = Duration::from_secs(3);

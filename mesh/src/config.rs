@@ -96,8 +96,14 @@ pub struct MeshConfig {
     pub version: String,
     /// mTLS material for the load plane.
     pub tls: TlsConfig,
-    /// How often changed slot values are pushed (coalesced). Default 20 ms.
+    /// Heartbeat: changed slot values are pushed at least this often (a
+    /// change is pushed at once; see `push_min_gap`). Default 20 ms.
     pub sync_interval: Duration,
+    /// Shortest time between two pushes made on change: a change on a quiet
+    /// node goes out at once, changes on a busy one are coalesced into one
+    /// push per gap. Default [`DEFAULT_PUSH_MIN_GAP_MS`]; at most
+    /// `sync_interval`.
+    pub push_min_gap: Duration,
     /// How often a full copy of the own slots is pushed. Default 5 s.
     pub anti_entropy_interval: Duration,
     /// Gossip and failure-detector settings.
@@ -129,11 +135,17 @@ impl std::fmt::Debug for MeshConfig {
             .field("advertise_host", &self.advertise_host)
             .field("seeds", &self.seeds)
             .field("sync_interval", &self.sync_interval)
+            .field("push_min_gap", &self.push_min_gap)
             .field("anti_entropy_interval", &self.anti_entropy_interval)
             .field("failure_detector", &self.failure_detector)
             .finish_non_exhaustive()
     }
 }
+
+/// Default shortest gap between pushes made on change, in milliseconds
+/// (chosen by `cargo bench -p shoal-mesh --bench convergence`: see
+/// tests/BENCHMARKS.md).
+pub const DEFAULT_PUSH_MIN_GAP_MS: u64 = 4;
 
 impl MeshConfig {
     /// A config with the default timings; addresses and TLS must be given.
@@ -155,6 +167,7 @@ impl MeshConfig {
             version: env!("CARGO_PKG_VERSION").to_string(),
             tls,
             sync_interval: Duration::from_millis(20),
+            push_min_gap: Duration::from_millis(DEFAULT_PUSH_MIN_GAP_MS),
             anti_entropy_interval: Duration::from_secs(5),
             failure_detector: FailureDetectorSettings::default(),
             link_idle_timeout: Duration::from_secs(3),
@@ -179,6 +192,7 @@ impl MeshConfig {
         }
         let positive = [
             ("sync_interval", self.sync_interval),
+            ("push_min_gap", self.push_min_gap),
             ("anti_entropy_interval", self.anti_entropy_interval),
             ("gossip_interval", self.failure_detector.gossip_interval),
             ("link_idle_timeout", self.link_idle_timeout),
@@ -189,6 +203,9 @@ impl MeshConfig {
             if value.is_zero() {
                 return Err(format!("{name} must be greater than zero"));
             }
+        }
+        if self.push_min_gap > self.sync_interval {
+            return Err("push_min_gap must not exceed sync_interval".into());
         }
         if self.forget_after <= self.anti_entropy_interval * 2 {
             return Err(

@@ -84,6 +84,8 @@ pub(crate) struct Core {
     pub(crate) forget_after: Duration,
     /// Flipped once on graceful shutdown: every session says `Bye`.
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
+    /// Bumped when own slots changed (see `bell`): every link pushes.
+    pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -109,6 +111,7 @@ impl Core {
             tap: None,
             forget_after,
             shutdown: tokio::sync::watch::Sender::new(false),
+            changes: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -316,7 +319,10 @@ impl Core {
         };
         let base = entry.history().at(polled_at);
         match base {
-            Some(base) => entry.own.rebase(base, polled_at),
+            Some(base) => {
+                entry.own.rebase(base, polled_at);
+                entry.bell.ring();
+            }
             // The history does not reach back to the poll: keep counting
             // from the older snapshot (an over-estimate, never an under-).
             None => self.telemetry.rebase_history_short(),

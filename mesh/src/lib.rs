@@ -19,6 +19,7 @@
 //!
 //! This crate knows nothing of HTTP or routing policies.
 
+mod bell;
 mod config;
 mod core;
 mod gossip_transport;
@@ -40,7 +41,9 @@ mod timings;
 pub mod tls;
 mod wire;
 
-pub use config::{FailureDetectorSettings, MeshConfig, PemSource, TlsConfig};
+pub use config::{
+    DEFAULT_PUSH_MIN_GAP_MS, FailureDetectorSettings, MeshConfig, PemSource, TlsConfig,
+};
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};
 pub use shoal_proto as proto;

@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
 
+use crate::bell::ChangeBell;
 use crate::slot::WorkerEntry;
 
 /// Most worker keys peers may introduce; keys the router registers always
@@ -31,6 +32,8 @@ struct Keys {
 pub(crate) struct Registry {
     keys: RwLock<Keys>,
     list: ArcSwap<Vec<Arc<WorkerEntry>>>,
+    /// Every entry of this node rings it on a change its links push.
+    bell: Arc<ChangeBell>,
 }
 
 /// References to an entry the registry itself holds (map and list).
@@ -82,7 +85,12 @@ impl Registry {
         };
         keys.next_serial += 1;
         let key: Arc<str> = Arc::from(key);
-        let entry = Arc::new(WorkerEntry::new(key.clone(), id, keys.next_serial));
+        let entry = Arc::new(WorkerEntry::new(
+            key.clone(),
+            id,
+            keys.next_serial,
+            self.bell.clone(),
+        ));
         keys.map.insert(key, entry.clone());
         let mut list: Vec<Arc<WorkerEntry>> = self.list.load().as_ref().clone();
         list.push(entry.clone());
@@ -121,6 +129,11 @@ impl Registry {
             self.list.store(Arc::new(list));
         }
         removed
+    }
+
+    /// The bell every entry rings (the announcer listens to it).
+    pub(crate) fn bell(&self) -> &Arc<ChangeBell> {
+        &self.bell
     }
 
     /// Every live entry.

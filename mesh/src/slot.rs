@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use shoal_proto::{EngineKind, EngineLoad, LoadCounts};
 
+use crate::bell::ChangeBell;
 use crate::identity::unix_millis;
 use crate::state::SnapshotValue;
 
@@ -177,10 +178,12 @@ pub(crate) struct WorkerEntry {
     /// grows by one per poll (so links know what they already sent).
     pub(crate) own_snapshot: ArcSwap<Option<(u64, SnapshotValue)>>,
     pub(crate) history: Mutex<DispatchHistory>,
+    /// Rung on every change the links push (see `bell`).
+    pub(crate) bell: Arc<ChangeBell>,
 }
 
 impl WorkerEntry {
-    pub(crate) fn new(key: Arc<str>, id: u32, serial: u64) -> Self {
+    pub(crate) fn new(key: Arc<str>, id: u32, serial: u64, bell: Arc<ChangeBell>) -> Self {
         Self {
             key,
             id,
@@ -191,6 +194,7 @@ impl WorkerEntry {
             remote: ArcSwap::from_pointee(RemoteView::default()),
             own_snapshot: ArcSwap::from_pointee(None),
             history: Mutex::new(DispatchHistory::starting_at(unix_millis())),
+            bell,
         }
     }
 
@@ -236,7 +240,13 @@ impl WorkerSlot {
     /// alone. Same booking code, same reads (the fleet is just this slot).
     pub fn detached(key: &str) -> Self {
         Self {
-            entry: Arc::new(WorkerEntry::new(Arc::from(key), u32::MAX, 0)),
+            // A bell nobody listens to: ringing it only sets a flag.
+            entry: Arc::new(WorkerEntry::new(
+                Arc::from(key),
+                u32::MAX,
+                0,
+                Arc::default(),
+            )),
         }
     }
 
@@ -257,6 +267,7 @@ impl WorkerSlot {
         own.pending_prefill
             .fetch_add(prompt_tokens, Ordering::Relaxed);
         own.dispatched.fetch_add(token_work, Ordering::Relaxed);
+        self.entry.bell.ring();
         SlotBooking {
             entry: self.entry.clone(),
             token_work,
@@ -290,7 +301,9 @@ impl WorkerSlot {
     /// that stops polling (worker removed, `--worker-load-source none`)
     /// must say so.
     pub fn set_polled(&self, polled: bool) {
-        self.entry.polled.store(polled, Ordering::Relaxed);
+        if self.entry.polled.swap(polled, Ordering::Relaxed) != polled {
+            self.entry.bell.ring();
+        }
     }
 
     /// Call when a poll of this worker starts; pass the stamp back with
@@ -332,6 +345,7 @@ impl SlotBooking {
                 .own
                 .pending_prefill
                 .fetch_sub(pending, Ordering::Relaxed);
+            self.entry.bell.ring();
         }
     }
 }
@@ -342,6 +356,7 @@ impl Drop for SlotBooking {
         let own = &self.entry.own;
         own.requests.fetch_sub(1, Ordering::Relaxed);
         own.tokens.fetch_sub(self.token_work, Ordering::Relaxed);
+        self.entry.bell.ring();
     }
 }
 

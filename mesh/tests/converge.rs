@@ -215,3 +215,50 @@ fn ownership_is_shared_only_among_pollers() {
                 .all(|k| nodes[0].mesh().owner(k).is_none())
     }));
 }
+
+/// A booking and its release reach a peer on change, not at the next
+/// periodic push: with the heartbeat and anti-entropy at 5 s, each must be
+/// visible within a fraction of that (typically ~1 ms on loopback).
+#[test]
+fn changes_are_pushed_as_they_happen() {
+    let ca = Ca::new("ca");
+    let nodes = cluster(&ca, 2, |c| {
+        c.sync_interval = Duration::from_secs(5);
+        c.anti_entropy_interval = Duration::from_secs(5);
+        c.push_min_gap = Duration::from_millis(2);
+    });
+    let refs: Vec<&common::Node> = nodes.iter().collect();
+    assert!(
+        wait_for_full_mesh(&refs, Duration::from_secs(10)),
+        "mesh did not form"
+    );
+    let key = "http://10.0.0.9:8000";
+    let at_a = nodes[0].mesh().worker(key);
+    let at_b = nodes[1].mesh().worker(key);
+    // Let the links settle past their first full copy.
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 0..5 {
+        let started = std::time::Instant::now();
+        let booking = at_a.book(100, 300);
+        assert!(
+            wait_until(Duration::from_secs(2), || at_b.fleet().counts.requests == 1),
+            "round {round}: the booking was not pushed"
+        );
+        let seen = started.elapsed();
+        assert!(
+            seen < Duration::from_millis(1500),
+            "round {round}: booking took {seen:?}"
+        );
+        let started = std::time::Instant::now();
+        drop(booking);
+        assert!(
+            wait_until(Duration::from_secs(2), || at_b.fleet().counts.requests == 0),
+            "round {round}: the release was not pushed"
+        );
+        let seen = started.elapsed();
+        assert!(
+            seen < Duration::from_millis(1500),
+            "round {round}: release took {seen:?}"
+        );
+    }
+}

@@ -35,6 +35,7 @@ pub fn mesh_config(args: &MeshArgs, http_addr: SocketAddr) -> Result<MeshConfig,
     mesh.advertise_host = args.mesh_advertise_host.clone();
     mesh.seeds = args.mesh_peer_urls.clone();
     mesh.sync_interval = args.sync_interval();
+    mesh.push_min_gap = args.push_min_gap();
     mesh.version = env!("CARGO_PKG_VERSION").to_string();
     let advertised_http = match &args.mesh_advertise_host {
         Some(host) if http_addr.ip().is_unspecified() => format!("{host}:{}", http_addr.port()),

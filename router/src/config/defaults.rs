@@ -117,6 +117,8 @@ pub const MESH_HOST: &str = "0.0.0.0";
 pub const MESH_CLUSTER_ID: &str = "shoal";
 /// How often changed in-flight counts are pushed to peers.
 pub const MESH_SYNC_INTERVAL_MS: u64 = 20;
+/// Shortest gap between two pushes made on change (the mesh crate's default).
+pub const MESH_PUSH_MIN_GAP_MS: u64 = shoal_mesh::DEFAULT_PUSH_MIN_GAP_MS;
 /// Seconds between SIGTERM and closing the listener.
 pub const DRAIN_SETTLE_SECS: u64 = 5;
 

@@ -63,9 +63,13 @@ pub struct MeshArgs {
     #[arg(long, env = "SHOAL_MESH_TLS_KEY", value_name = "FILE")]
     pub mesh_tls_key: Option<PathBuf>,
 
-    /// How often changed in-flight counts are pushed to peers, in milliseconds.
+    /// Heartbeat: changed in-flight counts are pushed to peers at least this often, in milliseconds (a change is pushed at once; see --mesh-push-min-gap-ms).
     #[arg(long, env = "SHOAL_MESH_SYNC_INTERVAL_MS", default_value_t = defaults::MESH_SYNC_INTERVAL_MS, value_parser = parsers::positive_u64)]
     pub mesh_sync_interval_ms: u64,
+
+    /// Shortest gap between two pushes made on change, in milliseconds: a quiet replica pushes a booking at once, a busy one coalesces its changes into one push per gap. At most --mesh-sync-interval-ms.
+    #[arg(long, env = "SHOAL_MESH_PUSH_MIN_GAP_MS", default_value_t = defaults::MESH_PUSH_MIN_GAP_MS, value_parser = parsers::positive_u64)]
+    pub mesh_push_min_gap_ms: u64,
 }
 
 /// The host name, for the default node name.
@@ -96,9 +100,14 @@ impl MeshArgs {
         self.mesh_port.unwrap_or(defaults::MESH_PORT)
     }
 
-    /// Push interval.
+    /// Heartbeat push interval.
     pub fn sync_interval(&self) -> Duration {
         Duration::from_millis(self.mesh_sync_interval_ms)
+    }
+
+    /// Shortest gap between pushes made on change.
+    pub fn push_min_gap(&self) -> Duration {
+        Duration::from_millis(self.mesh_push_min_gap_ms)
     }
 
     /// Checks the flags that only matter when the mesh is on, so a
@@ -145,6 +154,12 @@ impl MeshArgs {
         }
         if self.mesh_cluster_id.trim().is_empty() {
             return Err("--mesh-cluster-id must not be empty".into());
+        }
+        if self.mesh_push_min_gap_ms > self.mesh_sync_interval_ms {
+            return Err(format!(
+                "--mesh-push-min-gap-ms ({}) must not exceed --mesh-sync-interval-ms ({})",
+                self.mesh_push_min_gap_ms, self.mesh_sync_interval_ms
+            ));
         }
         Ok(())
     }

@@ -1,0 +1,198 @@
+//! Push on change: every booking, release, first byte or own snapshot rings
+//! the node's [`ChangeBell`]; the [`announce`] task then wakes every link's
+//! push at once, and while changes keep coming, at most once per minimum
+//! gap. So a change reaches peers in about one round trip when the node is
+//! quiet, within the gap when it is busy, and the periodic sync is only a
+//! heartbeat.
+//!
+//! The hot path pays one relaxed load while a change is already pending
+//! (the common case under load) and one swap plus, only when the announcer
+//! is idle, one wake-up: there is no cross-thread wake per request at high
+//! rates.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+/// How often an idle announcer checks that its node still exists.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Shared between the router's bookings (ringers) and the announcer.
+#[derive(Debug, Default)]
+pub(crate) struct ChangeBell {
+    /// A change not yet announced.
+    pending: AtomicBool,
+    /// The announcer is parked waiting for a ring (and must be woken).
+    idle: AtomicBool,
+    /// The announcer's thread, once started.
+    announcer: OnceLock<Thread>,
+}
+
+impl ChangeBell {
+    /// Says that something the links push has changed.
+    pub(crate) fn ring(&self) {
+        if self.pending.load(Ordering::Relaxed) {
+            return;
+        }
+        // SeqCst pairs with the announcer's store of `idle` then load of
+        // `pending`: at least one side sees the other's write, so a ring is
+        // never lost between its check and its wait.
+        if self.pending.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.idle.load(Ordering::SeqCst) {
+            if let Some(thread) = self.announcer.get() {
+                thread.unpark();
+            }
+        }
+    }
+}
+
+/// Starts the thread that turns rings of `bell` into announcements on
+/// `changes` (a counter every push watches): at once when the node was
+/// quiet, then at most one per `min_gap` while changes keep coming. A
+/// thread, not a task: Tokio's timer rounds a sleep up to the next
+/// millisecond, which would add up to 1 ms to every gap. It ends when
+/// `changes` is dropped.
+pub(crate) fn start_announcer(
+    bell: Arc<ChangeBell>,
+    changes: Weak<watch::Sender<u64>>,
+    min_gap: Duration,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let bell_for_thread = bell.clone();
+    let handle = std::thread::Builder::new()
+        .name("shoal-mesh-bell".into())
+        .spawn(move || announce(&bell_for_thread, &changes, min_gap))?;
+    // Set once: a second mesh on the same registry cannot exist.
+    let _ = bell.announcer.set(handle.thread().clone());
+    // A ring before the thread was known could not wake it.
+    if bell.pending.load(Ordering::SeqCst) {
+        handle.thread().unpark();
+    }
+    Ok(handle)
+}
+
+fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>, min_gap: Duration) {
+    loop {
+        bell.idle.store(true, Ordering::SeqCst);
+        if !bell.pending.load(Ordering::SeqCst) {
+            // A ring between the load and this park left the unpark token.
+            std::thread::park_timeout(IDLE_CHECK);
+        }
+        bell.idle.store(false, Ordering::SeqCst);
+        // Cleared before the pushes read the slots, so a change made while
+        // they read rings again and is announced after the gap.
+        while bell.pending.swap(false, Ordering::SeqCst) {
+            let Some(changes) = changes.upgrade() else {
+                return;
+            };
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+            drop(changes);
+            std::thread::sleep(min_gap);
+        }
+        if changes.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ring_on_a_quiet_node_is_announced_at_once() {
+        let bell = Arc::new(ChangeBell::default());
+        let changes = Arc::new(watch::Sender::new(0u64));
+        let mut seen = changes.subscribe();
+        start_announcer(
+            bell.clone(),
+            Arc::downgrade(&changes),
+            Duration::from_secs(3600),
+        )
+        .expect("thread");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        bell.ring();
+        tokio::time::timeout(Duration::from_secs(5), seen.changed())
+            .await
+            .expect("announced")
+            .expect("sender alive");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "no gap before the first announcement"
+        );
+    }
+
+    /// Waits (at most 5 s) until `changes` reads `n`; how long it took.
+    async fn until(changes: &watch::Sender<u64>, n: u64) -> Duration {
+        let started = Instant::now();
+        while *changes.borrow() < n {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "never reached {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn rings_within_the_gap_make_one_more_announcement() {
+        let bell = Arc::new(ChangeBell::default());
+        let changes = Arc::new(watch::Sender::new(0u64));
+        let gap = Duration::from_secs(1);
+        start_announcer(bell.clone(), Arc::downgrade(&changes), gap).expect("thread");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A burst of 1,000 rings: the first is announced at once.
+        for _ in 0..1000 {
+            bell.ring();
+        }
+        until(&changes, 1).await;
+        // Another burst inside the gap waits for its end, then makes one.
+        for _ in 0..1000 {
+            bell.ring();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(*changes.borrow(), 1, "not before the gap ends");
+        until(&changes, 2).await;
+        // Quiet for more than a gap: the next ring goes out at once.
+        tokio::time::sleep(gap * 2 + Duration::from_millis(200)).await;
+        assert_eq!(*changes.borrow(), 2, "nothing rang");
+        bell.ring();
+        let waited = until(&changes, 3).await;
+        assert!(
+            waited < gap - Duration::from_millis(100),
+            "waited {waited:?}"
+        );
+    }
+
+    #[test]
+    fn the_announcer_ends_with_its_node() {
+        let bell = Arc::new(ChangeBell::default());
+        let changes = Arc::new(watch::Sender::new(0u64));
+        let thread = start_announcer(
+            bell.clone(),
+            Arc::downgrade(&changes),
+            Duration::from_millis(1),
+        )
+        .expect("thread");
+        bell.ring();
+        drop(changes);
+        bell.ring();
+        thread.join().expect("ended cleanly");
+    }
+
+    #[test]
+    fn a_bell_nobody_listens_to_only_records() {
+        let bell = ChangeBell::default();
+        bell.ring();
+        bell.ring();
+        assert!(bell.pending.load(Ordering::Relaxed));
+    }
+}
