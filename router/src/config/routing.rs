@@ -136,7 +136,7 @@ pub struct LeastLoadConfig {
     #[arg(long, env = "SHOAL_LEAST_LOAD_DEFAULT_THROUGHPUT", default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, value_parser = parsers::positive)]
     pub least_load_default_throughput: f64,
 
-    /// least_load: token-work booked for a request whose prompt could not be estimated.
+    /// least_load: token-work booked for a request whose prompt could not be estimated; also the starting mean prompt that counts an engine's waiting requests when it reports no queued tokens.
     #[arg(long, env = "SHOAL_LEAST_LOAD_MEAN_PREFILL_TOKENS", default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, value_parser = parsers::positive_u64)]
     pub least_load_mean_prefill_tokens: u64,
 }

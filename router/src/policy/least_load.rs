@@ -7,10 +7,25 @@
 //! score = (queued_tokens + dispatched_since_poll) / throughput  +  w * k/(1-k)
 //! ```
 //!
-//! - `queued_tokens`: the engine's uncached waiting-queue tokens (missing -> 0);
+//! where the queue is the live estimate
+//!
+//! ```text
+//! queued_tokens = max(polled_queue + dispatched_since_poll, pending_prefill)
+//! ```
+//!
+//! - `polled_queue`: the engine's uncached waiting-queue tokens (SGLang);
+//!   for an engine that reports only a waiting-request count (vLLM,
+//!   llama.cpp), that count times the mean prompt this replica books
+//!   (learned, starting at `--least-load-mean-prefill-tokens`); else 0;
 //! - `dispatched_since_poll`: fleet token-work routed there since that poll.
 //!   It grows with every booking, so selections within one poll interval
 //!   water-fill, and a fresh poll (which re-marks it) resets the correction;
+//! - `pending_prefill`: fleet-wide prompt tokens routed there whose first
+//!   byte has not come back yet — requests queued or in prefill, counted
+//!   live by every replica (released at the first byte), so it needs no
+//!   poll. Without it a poll of an engine that reports no queued tokens
+//!   made its whole waiting queue invisible until the next booking; with
+//!   SGLang it is a cross-check on a polled figure up to a poll old;
 //! - `throughput`: reported `gen_throughput` if finite and > 0, else
 //!   `--least-load-default-throughput`;
 //! - the KV barrier `w * k/(1-k)`, `k` clamped to [0, 0.999] and
@@ -35,7 +50,9 @@
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::pick::{self, MinPick};
@@ -60,16 +77,70 @@ struct Row {
     requests: u64,
 }
 
+/// One booked prompt in this many (per I/O thread) updates the mean.
+const MEAN_PROMPT_SAMPLE_EVERY: u32 = 8;
+/// Weight of a new sample in the mean prompt (an EWMA over ~64 samples).
+const MEAN_PROMPT_WEIGHT: f64 = 1.0 / 64.0;
+
+/// Mean prompt size of the requests this replica books, for engines that
+/// report waiting requests but no waiting tokens. Sampled, so the hot path
+/// writes the shared value once in [`MEAN_PROMPT_SAMPLE_EVERY`] requests.
+#[derive(Debug)]
+struct MeanPrompt {
+    bits: AtomicU64,
+}
+
+impl MeanPrompt {
+    fn new(initial: f64) -> Self {
+        Self {
+            bits: AtomicU64::new(initial.to_bits()),
+        }
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.bits.load(Ordering::Relaxed))
+    }
+
+    fn observe(&self, prompt_tokens: u64) {
+        thread_local! {
+            static TICK: Cell<u32> = const { Cell::new(0) };
+        }
+        let due = TICK.with(|tick| {
+            let n = tick.get().wrapping_add(1);
+            tick.set(n);
+            n % MEAN_PROMPT_SAMPLE_EVERY == 0
+        });
+        if due {
+            let old = self.get();
+            let new = old + MEAN_PROMPT_WEIGHT * (prompt_tokens as f64 - old);
+            // A lost race loses one sample, nothing else.
+            self.bits.store(new.to_bits(), Ordering::Relaxed);
+        }
+    }
+}
+
 /// The `least_load` policy.
 #[derive(Debug, Clone)]
 pub struct LeastLoadPolicy {
     config: LeastLoadConfig,
+    mean_prompt: Arc<MeanPrompt>,
 }
 
 impl LeastLoadPolicy {
     /// A policy with these knobs (validated by the config parsers).
     pub fn new(config: LeastLoadConfig) -> Self {
-        Self { config }
+        let mean_prompt = Arc::new(MeanPrompt::new(
+            config.least_load_mean_prefill_tokens as f64,
+        ));
+        Self {
+            config,
+            mean_prompt,
+        }
+    }
+
+    /// The mean prompt size learned from this replica's bookings.
+    pub fn mean_prompt_tokens(&self) -> f64 {
+        self.mean_prompt.get()
     }
 
     /// The KV barrier `w * k/(1-k)` for a valid usage `k`.
@@ -97,6 +168,7 @@ impl Policy for LeastLoadPolicy {
     ) -> Option<usize> {
         let now = Instant::now();
         let seed = pick::seed();
+        let mean_prompt = self.mean_prompt.get();
         let mut rows = Vec::with_capacity(candidates.len());
         let mut lit = 0usize;
         let mut throughput_sum = 0.0;
@@ -112,10 +184,15 @@ impl Policy for LeastLoadPolicy {
                     let throughput = self.throughput(signals::throughput(engine));
                     lit += 1;
                     throughput_sum += throughput;
-                    let work = engine
+                    let polled_queue = engine
                         .queued_tokens
-                        .unwrap_or(0)
-                        .saturating_add(load.counts.dispatched_since_poll);
+                        .or_else(|| {
+                            signals::waiting(&load).map(|n| (n as f64 * mean_prompt) as u64)
+                        })
+                        .unwrap_or(0);
+                    let work = polled_queue
+                        .saturating_add(load.counts.dispatched_since_poll)
+                        .max(load.counts.pending_prefill);
                     Row {
                         wait: work as f64 / throughput,
                         barrier,
@@ -153,6 +230,9 @@ impl Policy for LeastLoadPolicy {
     }
 
     fn token_work(&self, request: &RequestInfo) -> u64 {
+        if request.prompt_tokens > 0 {
+            self.mean_prompt.observe(request.prompt_tokens);
+        }
         if request.prompt_tokens == 0 {
             self.config
                 .least_load_mean_prefill_tokens

@@ -84,10 +84,12 @@ fn a_fresh_poll_resets_the_correction() {
     for w in &workers {
         set_load(w, engine().queued(0));
     }
-    let _a = book(&workers[0], 1, 5000);
+    let mut a = book(&workers[0], 1, 5000);
     let _b = book(&workers[1], 1, 1000);
     assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [0, 10]);
-    // The engine reports again: what was dispatched is now in its numbers.
+    // The request started (its first byte came back) and the engine
+    // reports again: what was dispatched is now in its numbers.
+    a[0].first_byte();
     set_load(&workers[0], engine().queued(0));
     assert_eq!(pick_n(&policy(), &workers, &plain(), 10), [10, 0]);
 }
@@ -152,4 +154,67 @@ fn a_request_without_an_estimate_books_the_mean_prefill() {
     };
     assert_eq!(p.token_work(&unknown), 1024 + 16);
     assert_eq!(p.token_work(&plain()), 100);
+}
+
+#[test]
+fn a_queue_the_engine_does_not_report_counts_through_pending_prefill() {
+    // vLLM-like: no queued-token figure. Worker 0 holds 6,000 prompt
+    // tokens routed before its last poll that have not started (their
+    // first byte has not come back); the poll reset its work since the
+    // poll, so only the live pending prefill shows them.
+    let workers = workers(2);
+    let held = book(&workers[0], 3, 2000);
+    for w in &workers {
+        set_load(w, engine().throughput(2000.0).usage(0.2));
+    }
+    assert_eq!(workers[0].ledger().counts().dispatched_since_poll, 0);
+    assert_eq!(workers[0].ledger().counts().pending_prefill, 6000);
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20]);
+    // Once their first bytes came back they no longer wait: even again.
+    let mut held = held;
+    for booking in &mut held {
+        booking.first_byte();
+    }
+    let picks = pick_n(&policy(), &workers, &plain(), 200);
+    assert!(
+        picks[0] > 40 && picks[1] > 40,
+        "ties broken at random: {picks:?}"
+    );
+}
+
+#[test]
+fn a_polled_queue_and_the_live_estimate_take_the_larger() {
+    let workers = workers(2);
+    // Worker 0 reports 4,000 queued tokens; worker 1 reports 1,000 but has
+    // 5,000 routed and not started (a poll older than those bookings would
+    // under-count them; the live figure does not).
+    set_load(&workers[0], engine().queued(4000).throughput(2000.0));
+    let _held = book(&workers[1], 1, 5000);
+    set_load(&workers[1], engine().queued(1000).throughput(2000.0));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0]);
+}
+
+#[test]
+fn waiting_requests_count_at_the_learned_mean_prompt() {
+    let workers = workers(2);
+    // No token figure: 3 waiting requests vs 1, at the mean prompt.
+    set_load(&workers[0], engine().waiting(3).throughput(2000.0));
+    set_load(&workers[1], engine().waiting(1).throughput(2000.0));
+    let policy = policy();
+    assert_eq!(pick_n(&policy, &workers, &plain(), 20), [0, 20]);
+    // The mean starts at --least-load-mean-prefill-tokens and learns from
+    // the prompts this replica books.
+    let start = policy.mean_prompt_tokens();
+    assert_eq!(
+        start,
+        LeastLoadConfig::default().least_load_mean_prefill_tokens as f64
+    );
+    let big = RequestInfo {
+        prompt_tokens: 100_000,
+        ..RequestInfo::default()
+    };
+    for _ in 0..800 {
+        policy.token_work(&big);
+    }
+    assert!(policy.mean_prompt_tokens() > start * 10.0);
 }
