@@ -1,8 +1,9 @@
 //! The fleet benchmark (`fleet-bench`): mock engines in this process, real
 //! `shoal` replicas from the [`Fleet`](crate::fleet::Fleet) harness, and an
 //! open-loop Poisson load generator spreading requests round robin over the
-//! replicas. One [`run_scenario`] call measures one (policy, replicas,
-//! mesh) combination on fresh engines and fresh replicas.
+//! replicas. One [`run_scenario`] call measures one (policy, engine
+//! flavor, replicas, mesh) combination on fresh engines and fresh replicas;
+//! [`plan`] lists the combinations, [`summary`] aggregates them over seeds.
 //!
 //! Time: the engines run `time_scale` times faster than real time, and the
 //! router's load-poll and mesh-sync intervals are divided by the same
@@ -10,9 +11,12 @@
 //! staleness (1 s polls, 20 ms mesh pushes) while a run takes
 //! `1 / time_scale` of the wall time. Latencies are reported in wall ms.
 
+pub mod cpu;
 pub mod driver;
+pub mod plan;
 pub mod plot;
 pub mod report;
+pub mod summary;
 pub mod workload;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -23,16 +27,23 @@ use indicatif::ProgressBar;
 
 use crate::client::HttpClient;
 use crate::fleet::{Fleet, FleetConfig};
-use crate::mock::{EngineConfig, EngineHandle, spawn_engines};
+use crate::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
+use cpu::CpuSample;
 use driver::{LoadOptions, run_load};
 use report::{ScenarioId, ScenarioResult, engine_stats, mesh_traffic, summarize};
 use workload::Schedule;
 
-/// One scenario: which policy, how many replicas, mesh or not.
+/// One scenario: which policy on which engines, how many replicas, mesh
+/// or not.
 #[derive(Debug, Clone)]
 pub struct ScenarioSpec {
-    /// Routing policy (`--policy`).
+    /// The `--policies` entry it belongs to ([`plan::Choice::name`]); names
+    /// the scenario, since two entries may run the same policy.
+    pub group: String,
+    /// Routing policy (`shoal --policy`).
     pub policy: String,
+    /// Load-endpoint flavor of the mock engines.
+    pub flavor: Flavor,
     /// `oracle`, `no-mesh` or `mesh`.
     pub label: String,
     /// Replicas.
@@ -46,7 +57,8 @@ pub struct ScenarioSpec {
 pub struct BenchSetup {
     /// The `shoal` binary.
     pub shoal_bin: PathBuf,
-    /// Engine parameters (time scale included).
+    /// Engine parameters shared by every scenario (time scale included);
+    /// each scenario sets its own flavor ([`BenchSetup::engine_for`]).
     pub engine: EngineConfig,
     /// Number of engines.
     pub engines: usize,
@@ -54,6 +66,9 @@ pub struct BenchSetup {
     pub poll_interval_model_ms: f64,
     /// Mesh-sync interval in model ms (divided by the time scale for shoal).
     pub mesh_sync_model_ms: f64,
+    /// Shortest gap between mesh pushes on change, in model ms (divided by
+    /// the time scale for shoal).
+    pub mesh_push_gap_model_ms: f64,
     /// Extra flags for every replica.
     pub extra_args: Vec<String>,
     /// Load-generator knobs.
@@ -61,6 +76,15 @@ pub struct BenchSetup {
 }
 
 impl BenchSetup {
+    /// The engine configuration of `spec`: the shared one with the
+    /// scenario's flavor, so flavors differ in nothing else.
+    pub fn engine_for(&self, spec: &ScenarioSpec) -> EngineConfig {
+        EngineConfig {
+            flavor: spec.flavor,
+            ..self.engine.clone()
+        }
+    }
+
     /// Wall milliseconds of `model_ms`, at least 1.
     pub fn wall_ms(&self, model_ms: f64) -> u64 {
         (model_ms / self.engine.time_scale).round().max(1.0) as u64
@@ -81,6 +105,8 @@ impl BenchSetup {
             args.extend([
                 "--mesh-sync-interval-ms".into(),
                 self.wall_ms(self.mesh_sync_model_ms).to_string(),
+                "--mesh-push-min-gap-ms".into(),
+                self.wall_ms(self.mesh_push_gap_model_ms).to_string(),
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
@@ -97,7 +123,7 @@ pub async fn run_scenario(
     progress: &ProgressBar,
 ) -> Result<ScenarioResult, String> {
     let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let engines = spawn_engines(&setup.engine, localhost, 0, setup.engines)
+    let engines = spawn_engines(&setup.engine_for(spec), localhost, 0, setup.engines)
         .await
         .map_err(|e| format!("cannot start mock engines: {e}"))?;
     let urls: Vec<String> = engines.iter().map(EngineHandle::url).collect();
@@ -120,10 +146,13 @@ pub async fn run_scenario(
     } else {
         None
     };
+    let pids: Vec<u32> = (0..fleet.len()).filter_map(|i| fleet.pid(i)).collect();
+    let cpu_before = CpuSample::take(&pids);
     let started = Instant::now();
     let handles = engines.iter().map(|e| e.engine().clone()).collect();
     let load = run_load(schedule, &replicas, handles, &setup.load, progress).await;
     let secs = started.elapsed().as_secs_f64();
+    let cpu = CpuSample::take(&pids).usage_since(&cpu_before);
     let after = if spec.mesh {
         mesh_traffic(&fleet).await
     } else {
@@ -142,11 +171,14 @@ pub async fn run_scenario(
         e.shutdown().await;
     }
     let id = ScenarioId {
+        group: spec.group.clone(),
         policy: spec.policy.clone(),
+        engine_flavor: spec.flavor.as_str().to_string(),
+        seed: schedule.seed,
         label: spec.label.clone(),
         workload: schedule.kind.as_str().to_string(),
         replicas: spec.replicas,
         mesh: spec.mesh,
     };
-    Ok(summarize(id, schedule.rate, load, stats, traffic))
+    Ok(summarize(id, schedule.rate, load, stats, traffic, cpu))
 }

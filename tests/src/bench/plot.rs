@@ -49,9 +49,10 @@ pub fn register_font(font: Option<&Path>) -> Result<(), String> {
 }
 
 fn short(r: &ScenarioResult) -> String {
-    let p = match r.policy.as_str() {
+    let p = match r.group.as_str() {
         "least_load" => "LL",
         "cache_aware" => "CA",
+        "least_load_vllm" => "LLv",
         other => other,
     };
     format!("{p} {}", r.label)

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::cpu::CpuUsage;
 use super::driver::{KvSample, LoadResult, quantile};
 use crate::client::HttpClient;
 use crate::fleet::Fleet;
@@ -100,10 +101,16 @@ pub async fn mesh_traffic(fleet: &Fleet) -> Option<MeshTraffic> {
 /// The figures of one scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioResult {
-    /// `policy/label`, e.g. `least_load/mesh`.
+    /// `group/label`, e.g. `least_load/mesh` or `least_load_vllm/oracle`.
     pub name: String,
-    /// Routing policy.
+    /// The `--policies` entry (policy × workload × engine flavor).
+    pub group: String,
+    /// Routing policy (`shoal --policy`).
     pub policy: String,
+    /// Mock engines' load-endpoint flavor (`sglang`, `vllm`).
+    pub engine_flavor: String,
+    /// Seed of the arrival and size sequence.
+    pub seed: u64,
     /// `oracle`, `no-mesh` or `mesh`.
     pub label: String,
     /// Workload kind.
@@ -152,15 +159,24 @@ pub struct ScenarioResult {
     pub mesh_traffic: Option<MeshTraffic>,
     /// Mesh load-plane + gossip bytes per second, all replicas.
     pub mesh_bytes_per_s: Option<f64>,
+    /// Cores used during the load by the replicas, the engines and the box.
+    pub cpu: CpuUsage,
     /// KV samples over time.
     pub kv_series: Vec<KvSample>,
 }
 
-/// Scenario identity: (policy, label, workload, replicas, mesh).
+/// Scenario identity: (group, policy, engine flavor, seed, label, workload,
+/// replicas, mesh).
 #[derive(Debug, Clone)]
 pub struct ScenarioId {
+    /// The `--policies` entry.
+    pub group: String,
     /// Routing policy.
     pub policy: String,
+    /// Mock engines' flavor name.
+    pub engine_flavor: String,
+    /// Seed of the arrivals.
+    pub seed: u64,
     /// `oracle`, `no-mesh` or `mesh`.
     pub label: String,
     /// Workload kind name.
@@ -178,6 +194,7 @@ pub fn summarize(
     load: LoadResult,
     engines: EngineStats,
     traffic: Option<(MeshTraffic, f64)>,
+    cpu: CpuUsage,
 ) -> ScenarioResult {
     let secs = load.elapsed.as_secs_f64().max(1e-9);
     let spreads: Vec<f64> = load.kv.iter().map(|s| 100.0 * s.spread).collect();
@@ -189,8 +206,11 @@ pub fn summarize(
     let mesh_bytes_per_s =
         traffic.map(|(t, s)| (t.bytes_sent + t.gossip_bytes_sent) as f64 / s.max(1e-9));
     ScenarioResult {
-        name: format!("{}/{}", id.policy, id.label),
+        name: format!("{}/{}", id.group, id.label),
+        group: id.group,
         policy: id.policy,
+        engine_flavor: id.engine_flavor,
+        seed: id.seed,
         label: id.label,
         workload: id.workload,
         replicas: id.replicas,
@@ -215,28 +235,33 @@ pub fn summarize(
         engines,
         mesh_traffic: traffic.map(|(t, _)| t),
         mesh_bytes_per_s,
+        cpu,
         kv_series: load.kv,
     }
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+/// `v` with `digits` decimals, `–` when absent or not finite.
+pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.filter(|x| x.is_finite())
         .map_or_else(|| "–".to_string(), |x| format!("{x:.digits$}"))
 }
 
-/// The results as a markdown table; `× oracle` compares TTFT p99 with the
-/// oracle of the same policy.
+/// The results of one seed as a markdown table; `× oracle` compares TTFT
+/// p99 with the oracle of the same group and seed; the CPU columns are
+/// cores used during the load (replicas; engines + load generator; whole
+/// box).
 pub fn markdown_table(results: &[ScenarioResult]) -> String {
     let mut out = String::new();
     out.push_str(
         "| scenario | R | TTFT p50 ms | TTFT p99 ms | p99 × oracle | queue p99 ms | e2e p99 ms \
-         | KV spread mean / p99 pp | >95% KV s | done req/s | errors | cache hit | mesh lag p50 / p99 ms | mesh KB/s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | KV spread mean / p99 pp | >95% KV s | done req/s | errors | cache hit | mesh lag p50 / p99 ms | mesh KB/s \
+         | replicas CPU cores | engines+gen CPU cores | box CPU cores |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let oracle = results
             .iter()
-            .find(|o| o.policy == r.policy && o.label == "oracle")
+            .find(|o| o.group == r.group && o.seed == r.seed && o.label == "oracle")
             .map(|o| o.ttft_p99_ms);
         let ratio = oracle.map(|o| r.ttft_p99_ms / o);
         let lag = r.mesh_traffic.map_or_else(
@@ -245,7 +270,7 @@ pub fn markdown_table(results: &[ScenarioResult]) -> String {
         );
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {:.0}% | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} |",
             r.name,
             r.replicas,
             r.ttft_p50_ms,
@@ -261,6 +286,9 @@ pub fn markdown_table(results: &[ScenarioResult]) -> String {
             100.0 * r.engines.cache_hit_rate,
             lag,
             opt(r.mesh_bytes_per_s.map(|b| b / 1e3), 1),
+            opt(r.cpu.replicas_cores, 2),
+            opt(r.cpu.engines_cores, 2),
+            opt(r.cpu.machine_cores, 2),
         );
     }
     out

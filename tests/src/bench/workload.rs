@@ -72,6 +72,8 @@ pub struct Schedule {
     pub kind: WorkloadKind,
     /// Offered rate, requests per wall second.
     pub rate: f64,
+    /// The seed it was generated from (results are grouped by it).
+    pub seed: u64,
     /// The requests in arrival order.
     pub arrivals: Vec<Arrival>,
     /// Shared prefixes (empty for the size-skewed workload).
@@ -142,6 +144,7 @@ impl Schedule {
         Self {
             kind,
             rate,
+            seed,
             arrivals,
             prefixes,
         }

@@ -1,25 +1,32 @@
 //! `fleet-bench`: one router with all the information (the oracle) vs R
 //! replicas without the mesh vs R meshed replicas, for `least_load`
-//! (size-skewed traffic) and `cache_aware` (shared-prefix traffic), on the
-//! same seeded Poisson arrivals. Prints a markdown table, writes JSON and a
-//! PNG. See tests/BENCHMARKS.md.
+//! (size-skewed traffic, SGLang engines), `cache_aware` (shared-prefix
+//! traffic) and optionally `least_load_vllm` (size-skewed traffic, vLLM
+//! engines), on the same seeded Poisson arrivals, once per seed. Prints a
+//! markdown table per seed and a summary over seeds, writes JSON and a PNG.
+//! See tests/BENCHMARKS.md.
 //!
 //! ```sh
 //! cargo build --release -p shoal -p shoal-tests
 //! target/release/fleet-bench            # full: R = 4, E = 8
+//! target/release/fleet-bench --seeds 5  # the same, 5 arrival draws
 //! target/release/fleet-bench --quick    # CI smoke test, < 3 min
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
+use shoal_tests::bench::cpu::clock_ticks_per_sec;
 use shoal_tests::bench::driver::LoadOptions;
-use shoal_tests::bench::report::{ScenarioResult, markdown_table};
-use shoal_tests::bench::workload::{Schedule, WorkloadKind, engine_capacity, mean_sizes};
+use shoal_tests::bench::plan::{parse_choices, seeds};
+use shoal_tests::bench::report::{ScenarioResult, markdown_table, opt};
+use shoal_tests::bench::summary::{goal_lines, goals, summarize_seeds, summary_table};
+use shoal_tests::bench::workload::{Schedule, engine_capacity, mean_sizes};
 use shoal_tests::bench::{BenchSetup, ScenarioSpec, plot, run_scenario};
 use shoal_tests::fleet::locate_shoal;
 use shoal_tests::mock::{EngineConfig, Flavor};
@@ -47,10 +54,16 @@ struct Cli {
     /// Offered load as a fraction of the calibrated fleet capacity.
     #[arg(long, default_value_t = 0.85)]
     load: f64,
-    /// RNG seed of the arrival and size sequence (same for every scenario).
+    /// RNG seed of the arrival and size sequence (same for every scenario
+    /// of a seed); further seeds count up from it.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Policies to compare (comma separated): least_load, cache_aware.
+    /// Runs the whole plan once per seed (--seed, --seed + 1, ...) and
+    /// summarizes each scenario by its median and range over seeds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=10))]
+    seeds: u16,
+    /// Policies to compare (comma separated): least_load, cache_aware,
+    /// least_load_vllm (least_load on the same traffic, vLLM engines).
     #[arg(long, value_delimiter = ',', default_value = "least_load,cache_aware")]
     policies: Vec<String>,
     /// Router load-poll interval in model ms (the router's default is 1000).
@@ -59,6 +72,10 @@ struct Cli {
     /// Mesh sync interval in model ms (the router's default is 20).
     #[arg(long, default_value_t = 20.0)]
     mesh_sync_ms: f64,
+    /// Shortest gap between pushes on change in model ms (the router's
+    /// default is 4; scaled like the sync interval).
+    #[arg(long, default_value_t = 4.0)]
+    mesh_push_gap_ms: f64,
     /// Output tokens per SSE event after the first (CPU of the box).
     #[arg(long, default_value_t = 16)]
     tokens_per_chunk: u32,
@@ -87,14 +104,6 @@ async fn main() -> ExitCode {
     }
 }
 
-fn workload_for(policy: &str) -> WorkloadKind {
-    if policy == "cache_aware" {
-        WorkloadKind::SharedPrefix
-    } else {
-        WorkloadKind::SizeSkewed
-    }
-}
-
 async fn run(cli: Cli) -> Result<ExitCode, String> {
     let replicas = usize::from(cli.replicas.unwrap_or(if cli.quick { 2 } else { 4 }));
     let engines = usize::from(cli.engines.unwrap_or(if cli.quick { 4 } else { 8 }));
@@ -109,11 +118,8 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     if !(0.05..=2.0).contains(&cli.load) {
         return Err(format!("--load must be in 0.05..=2 (got {})", cli.load));
     }
-    for p in &cli.policies {
-        if !["least_load", "cache_aware"].contains(&p.as_str()) {
-            return Err(format!("unknown policy {p:?} (least_load, cache_aware)"));
-        }
-    }
+    let choices = parse_choices(&cli.policies)?;
+    let seeds = seeds(cli.seed, usize::from(cli.seeds));
     let shoal_bin = locate_shoal(cli.shoal_bin.as_deref()).map_err(|e| e.0)?;
     let engine = EngineConfig {
         flavor: Flavor::Sglang,
@@ -122,13 +128,13 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         stats_capacity: 100_000,
         ..EngineConfig::default()
     };
-    engine.validate().map_err(|e| e.0)?;
     let setup = BenchSetup {
         shoal_bin,
         engine: engine.clone(),
         engines,
         poll_interval_model_ms: cli.poll_interval_ms.max(1.0),
         mesh_sync_model_ms: cli.mesh_sync_ms.max(1.0),
+        mesh_push_gap_model_ms: cli.mesh_push_gap_ms.clamp(1.0, cli.mesh_sync_ms.max(1.0)),
         extra_args: vec!["--request-timeout-secs".into(), "120".into()],
         load: LoadOptions {
             request_timeout: Duration::from_secs(90),
@@ -139,37 +145,45 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         },
     };
     let mut calibration = Vec::new();
-    let mut plan: Vec<(ScenarioSpec, Schedule)> = Vec::new();
-    for policy in &cli.policies {
-        let kind = workload_for(policy);
+    let mut rates = Vec::new();
+    for &choice in &choices {
+        let [spec, ..] = choice.scenarios(replicas);
+        setup.engine_for(&spec).validate().map_err(|e| e.0)?;
+        let kind = choice.workload();
         let (p, u, o) = mean_sizes(kind);
         let per_engine = engine_capacity(&engine, p, u, o, 0.9);
         let capacity = per_engine * engines as f64 * time_scale;
         let rate = cli.load * capacity;
+        let name = choice.name();
         eprintln!(
-            "{policy}: {} workload, mean prompt {p:.0} (uncached {u:.0}) / output {o:.0} tokens; \
-             capacity {per_engine:.2} req/s per engine (model time) = {capacity:.1} req/s fleet \
-             (wall, x{time_scale}); offering {rate:.1} req/s",
-            kind.as_str()
+            "{name}: {} workload on {} engines, mean prompt {p:.0} (uncached {u:.0}) / output {o:.0} \
+             tokens; capacity {per_engine:.2} req/s per engine (model time) = {capacity:.1} req/s \
+             fleet (wall, x{time_scale}); offering {rate:.1} req/s",
+            kind.as_str(),
+            choice.flavor()
         );
-        calibration.push(json!({"policy": policy, "workload": kind.as_str(),
+        calibration.push(json!({"policy": choice.policy(), "group": name,
+            "engine_flavor": choice.flavor().as_str(), "workload": kind.as_str(),
             "mean_prompt_tokens": p, "mean_uncached_tokens": u, "mean_output_tokens": o,
             "engine_capacity_model_rps": per_engine, "fleet_capacity_wall_rps": capacity,
             "offered_rps": rate}));
-        let schedule =
-            Schedule::generate(kind, rate, duration, cli.max_requests, engines, cli.seed);
-        for (label, n, mesh) in [
-            ("oracle", 1, false),
-            ("no-mesh", replicas, false),
-            ("mesh", replicas, true),
-        ] {
-            let spec = ScenarioSpec {
-                policy: policy.clone(),
-                label: label.into(),
-                replicas: n,
-                mesh,
-            };
-            plan.push((spec, schedule.clone()));
+        rates.push(rate);
+    }
+    // Seed-major: every scenario of a seed replays that seed's arrivals.
+    let mut plan: Vec<(ScenarioSpec, Arc<Schedule>)> = Vec::new();
+    for &seed in &seeds {
+        for (&choice, &rate) in choices.iter().zip(&rates) {
+            let schedule = Arc::new(Schedule::generate(
+                choice.workload(),
+                rate,
+                duration,
+                cli.max_requests,
+                engines,
+                seed,
+            ));
+            for spec in choice.scenarios(replicas) {
+                plan.push((spec, schedule.clone()));
+            }
         }
     }
     let total: u64 = plan.iter().map(|(_, s)| s.arrivals.len() as u64).sum();
@@ -180,23 +194,31 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         pb.set_style(style.progress_chars("=> "));
     }
     let wall = Instant::now();
+    let several = seeds.len() > 1;
     let mut results: Vec<ScenarioResult> = Vec::new();
     for (spec, schedule) in &plan {
+        let seed = if several {
+            format!(", seed {}", schedule.seed)
+        } else {
+            String::new()
+        };
         pb.set_message(format!(
-            "{}/{} (R={}, {} requests)",
-            spec.policy,
+            "{}/{} (R={}, {} requests{seed})",
+            spec.group,
             spec.label,
             spec.replicas,
             schedule.arrivals.len()
         ));
         let r = run_scenario(&setup, spec, schedule, &pb).await?;
         let line = format!(
-            "  {}: {} done, {} errors, TTFT p99 {:.0} ms, queue p99 {:.0} ms",
+            "  {}{seed}: {} done, {} errors, TTFT p99 {:.0} ms, queue p99 {:.0} ms, CPU cores replicas {} / engines+gen {}",
             r.name,
             r.completed,
             r.errors + r.timeouts + r.dropped,
             r.ttft_p99_ms,
-            r.queue_p99_ms
+            r.queue_p99_ms,
+            opt(r.cpu.replicas_cores, 2),
+            opt(r.cpu.engines_cores, 2)
         );
         if pb.is_hidden() {
             eprintln!("{line}");
@@ -207,42 +229,88 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     }
     pb.finish_and_clear();
     let took = wall.elapsed().as_secs_f64();
+    let seed_text = match (seeds.first(), seeds.last()) {
+        (Some(a), Some(b)) if several => format!("seeds {a}..={b}"),
+        _ => format!("seed {}", cli.seed),
+    };
     let title = format!(
-        "Shoal fleet-bench: R={replicas}, E={engines}, time scale {time_scale}, load {:.0}% of capacity, seed {} ({} cores, shared)",
+        "Shoal fleet-bench: R={replicas}, E={engines}, time scale {time_scale}, load {:.0}% of capacity, {seed_text} ({} cores, shared)",
         100.0 * cli.load,
-        cli.seed,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("{title}\n");
-    print!("{}", markdown_table(&results));
+    for &seed in &seeds {
+        let of_seed: Vec<ScenarioResult> =
+            results.iter().filter(|r| r.seed == seed).cloned().collect();
+        if several {
+            if Some(&seed) != seeds.first() {
+                println!();
+            }
+            println!("Seed {seed}:\n");
+        }
+        print!("{}", markdown_table(&of_seed));
+    }
     println!(
-        "\nLatencies in wall ms (x{time_scale} for model time); load polls every {} ms, mesh sync {} ms (wall). Took {took:.0} s.",
+        "\nLatencies in wall ms (x{time_scale} for model time); load polls every {} ms, mesh sync {} ms, \
+         push gap {} ms (wall); CPU columns are cores used during the load. Took {took:.0} s.",
         setup.wall_ms(setup.poll_interval_model_ms),
-        setup.wall_ms(setup.mesh_sync_model_ms)
+        setup.wall_ms(setup.mesh_sync_model_ms),
+        setup.wall_ms(setup.mesh_push_gap_model_ms)
     );
+    let summary = summarize_seeds(&results);
+    let goals = goals(&results);
+    println!(
+        "\nSummary over {} seed(s) ({seed_text}): medians and min–max; p99 × oracle divides by the same seed's oracle.\n",
+        seeds.len()
+    );
+    print!("{}", summary_table(&summary));
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
     let json_path = cli.out.join("fleet-bench.json");
     let doc = json!({
         "title": title, "replicas": replicas, "engines": engines, "time_scale": time_scale,
-        "load": cli.load, "seed": cli.seed, "duration_secs": duration.as_secs(),
+        "load": cli.load, "seed": cli.seed, "seeds": seeds, "duration_secs": duration.as_secs(),
         "poll_interval_wall_ms": setup.wall_ms(setup.poll_interval_model_ms),
         "mesh_sync_wall_ms": setup.wall_ms(setup.mesh_sync_model_ms),
+        "mesh_push_gap_wall_ms": setup.wall_ms(setup.mesh_push_gap_model_ms),
+        "cpu_clock_ticks_per_sec": clock_ticks_per_sec(),
         "calibration": calibration, "wall_secs": took, "scenarios": results,
+        "summary": summary, "goals": goals,
     });
     let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
     std::fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
-    println!("JSON: {}", json_path.display());
+    println!("\nJSON: {}", json_path.display());
+    // The PNG shows one seed's scenarios (the first); the JSON has them all.
+    let first: Vec<ScenarioResult> = results
+        .iter()
+        .filter(|r| Some(&r.seed) == seeds.first())
+        .cloned()
+        .collect();
     let png = cli.out.join("fleet-bench.png");
-    match plot::register_font(cli.font.as_deref()).and_then(|()| plot::draw(&png, &title, &results))
+    let png_title = if several {
+        format!("{title}, seed {} shown", cli.seed)
+    } else {
+        title.clone()
+    };
+    match plot::register_font(cli.font.as_deref())
+        .and_then(|()| plot::draw(&png, &png_title, &first))
     {
         Ok(()) => println!("PNG:  {}", png.display()),
         Err(e) => eprintln!("fleet-bench: no PNG: {e}"),
     }
-    print_goals(&results);
-    let bad: Vec<&str> = results
+    for line in goal_lines(&goals, &results) {
+        println!("{line}");
+    }
+    let label = |r: &ScenarioResult| {
+        if several {
+            format!("{} (seed {})", r.name, r.seed)
+        } else {
+            r.name.clone()
+        }
+    };
+    let bad: Vec<String> = results
         .iter()
         .filter(|r| r.completed == 0 || r.errors + r.timeouts + r.dropped > 0)
-        .map(|r| r.name.as_str())
+        .map(label)
         .collect();
     if bad.is_empty() {
         println!("sanity: ok (every scenario completed requests, no errors)");
@@ -251,7 +319,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         println!("sanity: FAILED for {bad:?}");
         for r in &results {
             for e in &r.error_samples {
-                println!("  {}: {e}", r.name);
+                println!("  {}: {e}", label(r));
             }
         }
         Ok(if cli.quick {
@@ -259,19 +327,5 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         } else {
             ExitCode::SUCCESS
         })
-    }
-}
-
-fn print_goals(results: &[ScenarioResult]) {
-    for policy in ["least_load", "cache_aware"] {
-        let get = |l: &str| results.iter().find(|r| r.policy == policy && r.label == l);
-        if let (Some(o), Some(n), Some(m)) = (get("oracle"), get("no-mesh"), get("mesh")) {
-            let (rm, rn) = (m.ttft_p99_ms / o.ttft_p99_ms, n.ttft_p99_ms / o.ttft_p99_ms);
-            println!(
-                "goal {policy}: mesh p99 TTFT = {rm:.2} x oracle (goal <= 1.10: {}); no-mesh = {rn:.2} x (goal >= 1.5: {})",
-                if rm <= 1.10 { "met" } else { "NOT met" },
-                if rn >= 1.5 { "met" } else { "NOT met" }
-            );
-        }
     }
 }
