@@ -123,6 +123,11 @@ pub struct MeshConfig {
     /// Test hook: sees every received update before it is merged.
     #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
+    /// Test hook: the ownership hash version this node gossips (a build
+    /// always uses [`crate::ownership::OWNERSHIP_HASH_VERSION`]), so a test
+    /// can stand in for a replica of a build that hashes differently.
+    #[cfg(feature = "testsuite")]
+    pub ownership_hash_version: u32,
 }
 
 impl std::fmt::Debug for MeshConfig {
@@ -176,6 +181,8 @@ impl MeshConfig {
             forget_after: Duration::from_secs(600),
             #[cfg(feature = "testsuite")]
             tap: None,
+            #[cfg(feature = "testsuite")]
+            ownership_hash_version: crate::ownership::OWNERSHIP_HASH_VERSION,
         }
     }
 

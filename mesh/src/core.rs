@@ -34,6 +34,8 @@ pub(crate) struct GossipInfo {
     pub(crate) http_addr: Option<String>,
     pub(crate) readiness: Option<String>,
     pub(crate) version: Option<String>,
+    /// Gossiped `ownership_hash` value, as published (see `ownership`).
+    pub(crate) ownership_hash: Option<String>,
     pub(crate) heartbeat: u64,
 }
 
@@ -58,6 +60,11 @@ pub(crate) struct Tables {
     pub(crate) dead_since: HashMap<Incarnation, Instant>,
     /// Live verified peers whose slots count (never includes self).
     pub(crate) counted: HashSet<Incarnation>,
+    /// The counted peers that share poll ownership with this node: those
+    /// whose gossiped ownership hash version is this node's. A peer of a
+    /// build that hashes differently still counts (its load is real), but
+    /// it elects owners with its own kind, so no worker goes unpolled.
+    pub(crate) co_owners: HashSet<Incarnation>,
     /// Last snapshot poll time this node published, per worker.
     pub(crate) own_polled_at: HashMap<Arc<str>, u64>,
     /// Worker keys nobody uses, with since when.
@@ -70,6 +77,9 @@ pub(crate) const READINESS_LEFT: &str = "left";
 pub(crate) struct Core {
     pub(crate) me: Incarnation,
     pub(crate) cluster_id: String,
+    /// The ownership hash version this node gossips and shares ownership
+    /// under ([`crate::ownership::OWNERSHIP_HASH_VERSION`]).
+    pub(crate) ownership_hash: u32,
     pub(crate) registry: Registry,
     pub(crate) tables: Mutex<Tables>,
     /// Names of live verified members plus self, sorted.
@@ -102,6 +112,7 @@ impl Core {
         Self {
             me,
             cluster_id,
+            ownership_hash: crate::ownership::OWNERSHIP_HASH_VERSION,
             registry: Registry::default(),
             tables: Mutex::new(Tables::default()),
             members: ArcSwap::from_pointee(members),
@@ -131,11 +142,11 @@ impl Core {
         let current = entry.remote.load();
         let pollers = if tables
             .state
-            .pollers_are(&entry.key, &tables.counted, &current.pollers)
+            .pollers_are(&entry.key, &tables.co_owners, &current.pollers)
         {
             current.pollers.clone()
         } else {
-            tables.state.pollers(&entry.key, &tables.counted).into()
+            tables.state.pollers(&entry.key, &tables.co_owners).into()
         };
         let view = RemoteView {
             counts: tables.state.sum(&entry.key, &tables.counted),
@@ -210,6 +221,26 @@ impl Core {
             tables.left.remove(&inc);
             tables.dead_since.remove(&inc);
         }
+        // Gossip is a hint, and so is this: a forged version can only make
+        // this node poll more (it owns what it would have shared), never
+        // leave a worker unpolled.
+        let co_owners: HashSet<Incarnation> = counted
+            .iter()
+            .filter(|inc| {
+                tables.gossip.get(*inc).is_none_or(|g| {
+                    crate::ownership::gossiped_hash_version(g.ownership_hash.as_deref())
+                        == Some(self.ownership_hash)
+                })
+            })
+            .cloned()
+            .collect();
+        let foreign = counted.len() - co_owners.len();
+        if co_owners != tables.co_owners {
+            tables.co_owners = co_owners;
+            if counted == tables.counted {
+                self.publish_all(tables);
+            }
+        }
         if counted != tables.counted {
             tables.counted = counted;
             let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
@@ -220,7 +251,7 @@ impl Core {
             self.publish_all(tables);
         }
         self.telemetry
-            .membership(tables.counted.len() + 1, tables.links.len());
+            .membership(tables.counted.len() + 1, tables.links.len(), foreign);
     }
 
     /// Merges one update from `from`, resolving worker ids through the

@@ -27,6 +27,9 @@ pub(crate) const KEY_HTTP: &str = "http_addr";
 pub(crate) const KEY_VERSION: &str = "version";
 /// Gossip key of the readiness (`serving`, `draining`, `left`).
 pub(crate) const KEY_READINESS: &str = "readiness";
+/// Gossip key of the poll-ownership hash version (`ownership`); absent in
+/// builds from before it existed, which hash as version 1.
+pub(crate) const KEY_OWNERSHIP_HASH: &str = "ownership_hash";
 
 /// Dialing tasks by peer incarnation (only for peers this node dials).
 #[derive(Default)]
@@ -71,6 +74,7 @@ async fn read_gossip(handle: &ChitchatHandle, me: &ChitchatId) -> HashMap<Incarn
                         http_addr: state.get(KEY_HTTP).map(str::to_string),
                         readiness: state.get(KEY_READINESS).map(str::to_string),
                         version: state.get(KEY_VERSION).map(str::to_string),
+                        ownership_hash: state.get(KEY_OWNERSHIP_HASH).map(str::to_string),
                         heartbeat: u64::from(state.heartbeat()),
                     };
                     (Incarnation::new(id.node_id.clone(), id.generation_id), info)

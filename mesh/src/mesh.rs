@@ -23,7 +23,9 @@ use crate::config::MeshConfig;
 use crate::core::{Core, READINESS_LEFT};
 use crate::gossip_transport::PreBound;
 use crate::identity::{Incarnation, next_generation};
-use crate::membership::{self, Dialers, KEY_HTTP, KEY_QUIC, KEY_READINESS, KEY_VERSION};
+use crate::membership::{
+    self, Dialers, KEY_HTTP, KEY_OWNERSHIP_HASH, KEY_QUIC, KEY_READINESS, KEY_VERSION,
+};
 use crate::push::LinkTimings;
 use crate::slot::{PollStamp, WorkerSlot};
 use crate::status::{self, Footprint, MeshStatus};
@@ -198,6 +200,7 @@ impl Mesh {
         #[cfg(feature = "testsuite")]
         {
             core.tap = config.tap.clone();
+            core.ownership_hash = config.ownership_hash_version;
         }
         let core = Arc::new(core);
         let endpoint = endpoint(&config, tls)?;
@@ -233,6 +236,10 @@ impl Mesh {
             (KEY_QUIC.to_string(), quic_addr.to_string()),
             (KEY_VERSION.to_string(), config.version.clone()),
             (KEY_READINESS.to_string(), "serving".to_string()),
+            (
+                KEY_OWNERSHIP_HASH.to_string(),
+                core.ownership_hash.to_string(),
+            ),
         ];
         if let Some(http) = &config.http_addr {
             keys.push((KEY_HTTP.to_string(), http.clone()));

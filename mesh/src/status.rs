@@ -61,6 +61,12 @@ pub struct MemberStatus {
     pub readiness: Option<String>,
     /// Published version.
     pub version: Option<String>,
+    /// Published poll-ownership hash version (absent: version 1).
+    pub ownership_hash: Option<String>,
+    /// It shares poll ownership with this node (counted, and it hashes as
+    /// this node does); a counted member that does not elects owners
+    /// with the members of its own hash version.
+    pub co_owner: bool,
     /// Gossip address.
     pub gossip_addr: Option<String>,
     /// Published QUIC address.
@@ -244,6 +250,8 @@ pub(crate) fn build(core: &Core, gossip_addr: String, quic_addr: String) -> Mesh
                 left: tables.left.contains(inc),
                 readiness: g.and_then(|g| g.readiness.clone()),
                 version: g.and_then(|g| g.version.clone()),
+                ownership_hash: g.and_then(|g| g.ownership_hash.clone()),
+                co_owner: tables.co_owners.contains(inc),
                 gossip_addr: g.map(|g| g.gossip_addr.to_string()),
                 quic_addr: g.and_then(|g| g.quic_addr.map(|a| a.to_string())),
                 http_addr: g.and_then(|g| g.http_addr.clone()),

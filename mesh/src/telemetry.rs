@@ -1,8 +1,8 @@
 //! Mesh counters: kept as atomics for `/mesh/status` and mirrored to the
 //! `metrics` facade for Prometheus.
 //!
-//! Metric names: `shoal_mesh_members`, `shoal_mesh_peers_connected`
-//! (gauges); `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
+//! Metric names: `shoal_mesh_members`, `shoal_mesh_peers_connected`,
+//! `shoal_mesh_foreign_ownership_hash_peers` (gauges); `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
 //! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`
@@ -127,9 +127,10 @@ impl Telemetry {
         metrics::gauge!("shoal_mesh_stale_basis_tokens").set(tokens as f64);
     }
 
-    pub(crate) fn membership(&self, members: usize, connected: usize) {
+    pub(crate) fn membership(&self, members: usize, connected: usize, foreign_hash: usize) {
         metrics::gauge!("shoal_mesh_members").set(members as f64);
         metrics::gauge!("shoal_mesh_peers_connected").set(connected as f64);
+        metrics::gauge!("shoal_mesh_foreign_ownership_hash_peers").set(foreign_hash as f64);
     }
 
     pub(crate) fn status(&self) -> TrafficStatus {
@@ -178,6 +179,10 @@ pub fn describe_metrics() {
     describe_gauge!(
         "shoal_mesh_peers_connected",
         "Peers with an mTLS QUIC load link up."
+    );
+    describe_gauge!(
+        "shoal_mesh_foreign_ownership_hash_peers",
+        "Counted peers that gossip another poll-ownership hash version (a mixed-version rollout): they elect poll owners among themselves."
     );
     describe_counter!(
         "shoal_mesh_frames_sent_total",

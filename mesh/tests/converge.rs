@@ -216,6 +216,77 @@ fn ownership_is_shared_only_among_pollers() {
     }));
 }
 
+/// A rollout that changes the ownership hash must not leave workers
+/// unpolled: n0 stands in for a replica of a build with hash version 2
+/// among two of version 1. Every node still counts every node's load, but
+/// each hash version elects owners among its own members only, so every
+/// worker has exactly one owner per version group (n0 alone owns all in
+/// its view; n1 and n2 split them and agree), and each side sees the other
+/// as a counted peer that is not a co-owner.
+#[test]
+fn replicas_with_another_ownership_hash_elect_their_own_owners() {
+    let ca = Ca::new("ca");
+    let nodes = cluster(&ca, 3, |c| {
+        if c.node_name == "n0" {
+            c.ownership_hash_version = shoal_mesh::ownership::OWNERSHIP_HASH_VERSION + 1;
+        }
+    });
+    let refs: Vec<&common::Node> = nodes.iter().collect();
+    assert!(wait_for_full_mesh(&refs, Duration::from_secs(10)));
+    let keys: Vec<String> = (0..40).map(|i| format!("http://mixed{i}:8000")).collect();
+    let slots: Vec<_> = keys
+        .iter()
+        .flat_map(|k| nodes.iter().map(move |n| n.mesh().worker(k)))
+        .collect();
+    for s in &slots {
+        s.set_polled(true);
+    }
+    let groups_settled = || {
+        keys.iter().all(|k| {
+            let o: Vec<Option<String>> = nodes.iter().map(|n| n.mesh().owner(k)).collect();
+            o[0].as_deref() == Some("n0")
+                && o[1] == o[2]
+                && matches!(o[1].as_deref(), Some("n1" | "n2"))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), groups_settled),
+        "owners per hash version did not settle: {:?}",
+        keys.iter()
+            .map(|k| nodes.iter().map(|n| n.mesh().owner(k)).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    );
+    let n1_owns = keys.iter().filter(|k| nodes[1].mesh().owns(k)).count();
+    let n2_owns = keys.iter().filter(|k| nodes[2].mesh().owns(k)).count();
+    assert_eq!(n1_owns + n2_owns, keys.len(), "a worker without an owner");
+    assert!(
+        n1_owns > 0 && n2_owns > 0,
+        "version-1 split: {n1_owns}/{n2_owns}"
+    );
+    assert!(keys.iter().all(|k| nodes[0].mesh().owns(k)));
+
+    // Load still counts across versions.
+    let _b = nodes[0].mesh().worker(&keys[0]).book(10, 110);
+    assert!(wait_until(Duration::from_secs(5), || {
+        nodes
+            .iter()
+            .all(|n| n.mesh().worker(&keys[0]).fleet().counts.tokens == 110)
+    }));
+
+    // The status says who shares ownership and who does not.
+    let status = nodes[1].mesh().status();
+    let member = |name: &str| {
+        status
+            .members
+            .iter()
+            .find(|m| m.name == name && m.counted)
+            .unwrap_or_else(|| panic!("{name} not counted at n1"))
+    };
+    assert!(!member("n0").co_owner);
+    assert_eq!(member("n0").ownership_hash.as_deref(), Some("2"));
+    assert!(member("n2").co_owner);
+}
+
 /// A booking and its release reach a peer on change, not at the next
 /// periodic push: with the heartbeat and anti-entropy at 5 s, each must be
 /// visible within a fraction of that (typically ~1 ms on loopback).

@@ -286,6 +286,49 @@ mod tests {
         }
     }
 
+    /// Known answers of wire version 2: a fixed frame of each type and its
+    /// exact bytes. Two builds share load only while they agree on these,
+    /// so a failure here is a protocol change: bump [`FRAME_VERSION`] (the
+    /// receiver then refuses the other version, counted, instead of
+    /// misreading it) and write the new vectors. Bye and Hello are checked
+    /// by hand below; the Update vector pins what this build encodes.
+    #[test]
+    fn encodings_match_the_known_answers_of_their_version() {
+        assert_eq!(FRAME_VERSION, 2, "new version: new vectors below");
+        // Envelope{version: varint 2, frame: variant 2}.
+        assert_eq!(encode(&Frame::Bye).unwrap(), [2, 2]);
+        // Variant 0, then "c" and "a" as length-prefixed bytes, then
+        // generation 300 as a varint (251 = u16 marker, then LE 300).
+        let hello = Frame::Hello(Hello {
+            cluster_id: "c".into(),
+            node: "a".into(),
+            generation: 300,
+        });
+        assert_eq!(
+            encode(&hello).unwrap(),
+            [2, 0, 1, b'c', 1, b'a', 251, 0x2c, 0x01]
+        );
+        assert_eq!(encode(&sample()).unwrap(), SAMPLE_UPDATE_V2);
+        for (frame, bytes) in [
+            (Frame::Bye, &[2u8, 2][..]),
+            (sample(), &SAMPLE_UPDATE_V2[..]),
+        ] {
+            assert_eq!(decode(bytes).unwrap(), frame, "old bytes still decode");
+        }
+    }
+
+    /// `sample()` at version 2, read field by field: version 2, variant 1
+    /// (Update), round 7, the read time (253 = u64 marker, 8 LE bytes),
+    /// one KeyDef {0, "http://w:1", true}, one slot {0, 3, 900, 300,
+    /// 1345} (251 = u16 marker), one basis {0, time}, one snapshot {0,
+    /// Sglang = 0, token_usage Some(0.25 as LE f64), four Nones, time}.
+    const SAMPLE_UPDATE_V2: [u8; 74] = [
+        2, 1, 7, 253, 224, 241, 29, 24, 36, 10, 6, 0, 1, 0, 10, 104, 116, 116, 112, 58, 47, 47,
+        119, 58, 49, 1, 1, 0, 3, 251, 132, 3, 251, 44, 1, 251, 65, 5, 1, 0, 253, 212, 102, 229,
+        207, 139, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 208, 63, 0, 0, 0, 0, 253, 0, 104, 229,
+        207, 139, 1, 0, 0,
+    ];
+
     #[test]
     fn rejects_other_versions_and_trailing_bytes() {
         let envelope = Envelope {

@@ -478,11 +478,17 @@ async fn drain(s: &mut Setup) {
     }
 }
 
+/// Ignored unless built with `SHOAL_REQUIRE_NETNS=1` (`.ci/run` sets it;
+/// see `tests/build.rs`): it needs root and iproute2, and a run that
+/// cannot create its namespaces fails rather than passing untested.
 #[test]
+#[cfg_attr(
+    not(netns_required),
+    ignore = "needs root and iproute2: run with SHOAL_REQUIRE_NETNS=1 (then it fails if it cannot run)"
+)]
 fn partition_kill_and_drain_across_namespaces() {
     if let Some(why) = unsupported() {
-        println!("SKIPPED: multi-host namespace test needs root and iproute2: {why}");
-        return;
+        panic!("the network-namespace suite cannot run here (it needs root and iproute2): {why}");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

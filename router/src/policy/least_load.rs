@@ -29,9 +29,15 @@
 //! - `throughput`: reported `gen_throughput` if finite and > 0, else
 //!   `--least-load-default-throughput`;
 //! - the KV barrier `w * k/(1-k)`, `k` clamped to [0, 0.999] and
-//!   `w = --least-load-kv-pressure-weight`, is added only when *every*
-//!   candidate has a fresh, valid `k`; otherwise it is left out for all of
-//!   them (a worker that reports nothing must not win by default).
+//!   `w = --least-load-kv-pressure-weight`. It degrades per worker: a
+//!   candidate without a fresh, valid `k` (a stale snapshot, an endpoint
+//!   that reports none, no snapshot at all) is charged the barrier of the
+//!   *highest* `k` among the candidates that report one. Imputing the
+//!   worst keeps both halves of the intent: a worker that reports nothing
+//!   never wins on KV by default (it cannot look colder than any reporting
+//!   worker), and one missing reading no longer switches KV protection off
+//!   for everyone (a reporting worker at `k` = 0.99 still pays its
+//!   barrier). With no `k` anywhere the barrier is 0 for all.
 //!
 //! A candidate without a fresh snapshot (or with one carrying no signal)
 //! scores `counts.tokens / fleet-mean throughput`, the mean being over
@@ -70,8 +76,9 @@ pub const KV_USAGE_CLAMP: f64 = 0.999;
 struct Row {
     /// Seconds of queued work (lit), or in-flight tokens (dark).
     wait: f64,
-    /// `w * k/(1-k)`, or 0 when `k` is missing.
-    barrier: f64,
+    /// `w * k/(1-k)` for a fresh valid `k`; `None` when it is missing
+    /// (charged the imputed barrier).
+    barrier: Option<f64>,
     /// Whether the candidate has a fresh snapshot.
     lit: bool,
     requests: u64,
@@ -172,12 +179,14 @@ impl Policy for LeastLoadPolicy {
         let mut rows = Vec::with_capacity(candidates.len());
         let mut lit = 0usize;
         let mut throughput_sum = 0.0;
-        let mut kv_everywhere = true;
+        let mut hottest: Option<f64> = None;
         for worker in candidates {
             let load = fleet.load(worker, now);
             let k = signals::token_usage(&load);
-            kv_everywhere &= k.is_some();
-            let barrier = k.map_or(0.0, |k| self.kv_barrier(k));
+            if let Some(k) = k {
+                hottest = Some(hottest.map_or(k, |h: f64| h.max(k)));
+            }
+            let barrier = k.map(|k| self.kv_barrier(k));
             let requests = load.counts.requests;
             rows.push(match signals::engine(&load) {
                 Some(engine) => {
@@ -216,6 +225,7 @@ impl Policy for LeastLoadPolicy {
             return jsq.index();
         }
         let mean_throughput = throughput_sum / lit as f64;
+        let imputed = hottest.map_or(0.0, |k| self.kv_barrier(k));
         let mut best = MinPick::new(seed);
         for (i, row) in rows.iter().enumerate() {
             let wait = if row.lit {
@@ -223,8 +233,7 @@ impl Policy for LeastLoadPolicy {
             } else {
                 row.wait / mean_throughput
             };
-            let barrier = if kv_everywhere { row.barrier } else { 0.0 };
-            best.offer(wait + barrier, i);
+            best.offer(wait + row.barrier.unwrap_or(imputed), i);
         }
         best.index()
     }

@@ -10,8 +10,11 @@
 //! - one clock read per selection, passed to every [`FleetView::load`];
 //! - engine numbers are re-checked where they are used (`signals`): a
 //!   non-finite or out-of-range value is missing, never compared;
-//! - terms that need a snapshot of every worker (KV usage) are skipped for
-//!   the whole selection unless every candidate has a fresh one;
+//! - a worker missing an engine signal must not win by default: a
+//!   per-worker term (least_load's KV barrier) is imputed for it from the
+//!   worst reporting candidate; a term that compares workers with each
+//!   other (cache_aware's KV imbalance guards) is skipped unless every
+//!   candidate has a fresh reading;
 //! - ties are broken uniformly at random (`pick::MinPick`);
 //! - bookings are visible to the very next selection, so concurrent
 //!   selections water-fill instead of herding.

@@ -41,15 +41,57 @@ fn kv_barrier_steers_off_a_near_full_worker() {
 }
 
 #[test]
-fn kv_term_is_skipped_unless_every_candidate_reports_k() {
+fn a_worker_missing_k_is_not_preferred_among_near_full_ones() {
+    // Three near-full workers report k, the fourth reports none; equal
+    // queues. The one without k is charged the hottest barrier (k = 0.97),
+    // so the coolest reporting worker wins every time. (Switching the
+    // barrier off for all, as before, made this a four-way coin toss.)
+    let workers = workers(4);
+    for (w, k) in workers.iter().zip([0.95, 0.96, 0.97]) {
+        set_load(w, engine().queued(1000).usage(k));
+    }
+    set_load(&workers[3], engine().queued(1000));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0, 0, 0]);
+}
+
+#[test]
+fn a_near_full_worker_is_avoided_when_another_lacks_k() {
+    // Worker 0: empty queue but k = 0.99 (barrier 14.85 s). Worker 1: 1 s
+    // of queue at k = 0.1. Worker 2 reports no k (2 s of queue). One
+    // missing reading must not switch KV protection off: worker 1 wins.
+    let workers = workers(3);
+    set_load(&workers[0], engine().queued(0).usage(0.99));
+    set_load(&workers[1], engine().queued(2000).usage(0.1));
+    set_load(&workers[2], engine().queued(4000));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20, 0]);
+    // The same with the third worker dark (no snapshot at all, 1,000
+    // tokens in flight: its drain-time estimate plus the imputed barrier).
+    let workers = workers_with_dark_third();
+    let _held = book(&workers[2], 1, 1000);
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20, 0]);
+}
+
+fn workers_with_dark_third() -> Vec<Arc<Worker>> {
+    let workers = workers(3);
+    set_load(&workers[0], engine().queued(0).usage(0.99));
+    set_load(&workers[1], engine().queued(2000).usage(0.1));
+    workers
+}
+
+#[test]
+fn without_k_anywhere_the_barrier_is_zero_for_all() {
     let workers = workers(2);
-    set_load(&workers[0], engine().queued(0).usage(0.95));
-    // No k here: charging the barrier to worker 0 alone would favour the
-    // worker that reports less. Both are compared on queued work only.
+    set_load(&workers[0], engine().queued(0));
     set_load(&workers[1], engine().queued(1000));
     assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0]);
-    set_load(&workers[1], engine().queued(1000).usage(0.1));
-    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [0, 20]);
+    // A reporting worker is never worse off than one that reports nothing
+    // at the same queue: the missing one pays the hottest k, its own.
+    set_load(&workers[1], engine().queued(0).usage(0.5));
+    let picks = pick_n(&policy(), &workers, &plain(), 400);
+    assert!(
+        picks[0] > 100 && picks[1] > 100,
+        "a tie, broken at random: {picks:?}"
+    );
 }
 
 #[test]
