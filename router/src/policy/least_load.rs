@@ -58,7 +58,7 @@ mod tests;
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::pick::{self, MinPick};
@@ -84,23 +84,39 @@ struct Row {
     requests: u64,
 }
 
-/// One booked prompt in this many (per I/O thread) updates the mean.
+/// Once warmed up, one booked prompt in this many (per I/O thread)
+/// updates the mean.
 const MEAN_PROMPT_SAMPLE_EVERY: u32 = 8;
-/// Weight of a new sample in the mean prompt (an EWMA over ~64 samples).
+/// Weight of a new sample in the mean prompt once warmed up (an EWMA over
+/// ~64 samples).
 const MEAN_PROMPT_WEIGHT: f64 = 1.0 / 64.0;
+/// Samples taken from every booking at the start, averaged plainly.
+const MEAN_PROMPT_WARMUP: u32 = 64;
 
 /// Mean prompt size of the requests this replica books, for engines that
-/// report waiting requests but no waiting tokens. Sampled, so the hot path
-/// writes the shared value once in [`MEAN_PROMPT_SAMPLE_EVERY`] requests.
+/// report waiting requests but no waiting tokens.
+///
+/// Every replica must reach the same estimate fast, or meshed replicas
+/// (each booking 1/N of the traffic) score the same engine differently
+/// from each other and from one router: with sampling alone (1 in 8, EWMA
+/// 1/64) the estimate's time constant was ~512 bookings, about 40 s for a
+/// replica of four at 50 req/s fleet-wide, longer than a benchmark run. So
+/// the first [`MEAN_PROMPT_WARMUP`] bookings are all sampled and averaged
+/// plainly (the first replaces the configured guess), and only then does
+/// the hot path drop to writing the shared value once in
+/// [`MEAN_PROMPT_SAMPLE_EVERY`] requests.
 #[derive(Debug)]
 struct MeanPrompt {
     bits: AtomicU64,
+    /// Warm-up samples taken so far (stops at [`MEAN_PROMPT_WARMUP`]).
+    warmup: AtomicU32,
 }
 
 impl MeanPrompt {
     fn new(initial: f64) -> Self {
         Self {
             bits: AtomicU64::new(initial.to_bits()),
+            warmup: AtomicU32::new(0),
         }
     }
 
@@ -112,17 +128,25 @@ impl MeanPrompt {
         thread_local! {
             static TICK: Cell<u32> = const { Cell::new(0) };
         }
-        let due = TICK.with(|tick| {
-            let n = tick.get().wrapping_add(1);
-            tick.set(n);
-            n % MEAN_PROMPT_SAMPLE_EVERY == 0
-        });
-        if due {
-            let old = self.get();
-            let new = old + MEAN_PROMPT_WEIGHT * (prompt_tokens as f64 - old);
-            // A lost race loses one sample, nothing else.
-            self.bits.store(new.to_bits(), Ordering::Relaxed);
-        }
+        let taken = self.warmup.load(Ordering::Relaxed);
+        let weight = if taken < MEAN_PROMPT_WARMUP {
+            let n = self.warmup.fetch_add(1, Ordering::Relaxed);
+            1.0 / f64::from(n.min(MEAN_PROMPT_WARMUP - 1) + 1)
+        } else {
+            let due = TICK.with(|tick| {
+                let n = tick.get().wrapping_add(1);
+                tick.set(n);
+                n % MEAN_PROMPT_SAMPLE_EVERY == 0
+            });
+            if !due {
+                return;
+            }
+            MEAN_PROMPT_WEIGHT
+        };
+        let old = self.get();
+        let new = old + weight * (prompt_tokens as f64 - old);
+        // A lost race loses one sample, nothing else.
+        self.bits.store(new.to_bits(), Ordering::Relaxed);
     }
 }
 

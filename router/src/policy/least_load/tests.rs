@@ -260,3 +260,25 @@ fn waiting_requests_count_at_the_learned_mean_prompt() {
     }
     assert!(policy.mean_prompt_tokens() > start * 10.0);
 }
+
+#[test]
+fn the_mean_prompt_is_the_plain_mean_of_the_first_bookings() {
+    // Replicas that each book 1/N of the traffic must agree on the mean
+    // soon: the first booking replaces the configured guess, the first 64
+    // are averaged plainly, whatever the sampling after that.
+    let policy = policy();
+    let sized = |prompt_tokens| RequestInfo {
+        prompt_tokens,
+        ..RequestInfo::default()
+    };
+    policy.token_work(&sized(200));
+    assert!((policy.mean_prompt_tokens() - 200.0).abs() < 1e-9);
+    for p in [6000, 200, 200, 200] {
+        policy.token_work(&sized(p));
+    }
+    // (200 + 6000 + 3 × 200) / 5
+    assert!((policy.mean_prompt_tokens() - 1360.0).abs() < 1e-6);
+    // A request without a measured prompt does not move it.
+    policy.token_work(&RequestInfo::default());
+    assert!((policy.mean_prompt_tokens() - 1360.0).abs() < 1e-6);
+}
