@@ -235,19 +235,18 @@ impl Core {
             .cloned()
             .collect();
         let foreign = counted.len() - co_owners.len();
-        if co_owners != tables.co_owners {
-            tables.co_owners = co_owners;
-            if counted == tables.counted {
-                self.publish_all(tables);
-            }
-        }
-        if counted != tables.counted {
+        let co_owners_moved = co_owners != tables.co_owners;
+        tables.co_owners = co_owners;
+        let counted_moved = counted != tables.counted;
+        if counted_moved {
             tables.counted = counted;
             let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
             names.push(self.me.name.clone());
             names.sort();
             names.dedup();
             self.members.store(Arc::new(names));
+        }
+        if counted_moved || co_owners_moved {
             self.publish_all(tables);
         }
         self.telemetry

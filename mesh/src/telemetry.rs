@@ -2,7 +2,8 @@
 //! `metrics` facade for Prometheus.
 //!
 //! Metric names: `shoal_mesh_members`, `shoal_mesh_peers_connected`,
-//! `shoal_mesh_foreign_ownership_hash_peers` (gauges); `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
+//! `shoal_mesh_foreign_ownership_hash_peers` (gauges);
+//! `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
 //! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`
