@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use divan::{Bencher, black_box};
-use shoal::config::{BreakerConfig, CacheAwareConfig, LeastLoadConfig};
+use shoal::config::{BreakerConfig, CacheAwareConfig, LeastLoadConfig, PrefixAffinityConfig};
 use shoal::fleet::LocalFleet;
 use shoal::policy::{
-    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy, RandomPolicy,
-    RoundRobinPolicy,
+    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy,
+    PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
 };
 use shoal::request::RequestInfo;
 use shoal::workers::Booking;
@@ -149,6 +149,20 @@ fn cache_aware(bencher: Bencher, n: usize) {
     let fleet = fleet(n);
     let policy = CacheAwarePolicy::new(CacheAwareConfig::default());
     for i in 0..(4 * n as u64).max(256) {
+        policy.select(&fleet.workers, &prompt(i), &fleet.view);
+    }
+    run(bencher, &policy, &fleet);
+}
+
+/// Rendezvous over every candidate under the load bound, after a warm-up
+/// that has seen the 16 shared prefixes (every measured prompt takes the
+/// affinity path: key hash, least_load scores, bound, weights).
+#[divan::bench(args = WORKERS)]
+fn prefix_affinity(bencher: Bencher, n: usize) {
+    let fleet = fleet(n);
+    let policy =
+        PrefixAffinityPolicy::new(PrefixAffinityConfig::default(), LeastLoadConfig::default());
+    for i in 0..256 {
         policy.select(&fleet.workers, &prompt(i), &fleet.view);
     }
     run(bencher, &policy, &fleet);

@@ -42,6 +42,15 @@ pub const LEAST_LOAD_DEFAULT_THROUGHPUT: f64 = 2000.0;
 pub const LEAST_LOAD_MEAN_PREFILL_TOKENS: u64 = 1024;
 /// `load_aware`: waiting-queue length at which a worker scores 0.
 pub const LOAD_AWARE_THRESHOLD: u64 = 128;
+/// `prefix_affinity`: leading 64-byte blocks of the prompt hashed into its
+/// affinity key (1 KiB, ~256 tokens: past most chat-template openings,
+/// short enough that turns of one conversation share it).
+pub const PREFIX_AFFINITY_BLOCKS: usize = 16;
+/// `prefix_affinity`: a worker keeps a prompt's affinity while its wait is
+/// at most (1 + this) × the candidates' mean wait plus the request itself
+/// (Mirrokni–Thorup–Zadimoghaddam's bounded loads; 0.25 as in HAProxy's
+/// `hash-balance-factor 125`).
+pub const PREFIX_AFFINITY_EPSILON: f64 = 0.25;
 
 /// How often every engine's load endpoint is polled.
 pub const LOAD_POLL_INTERVAL_MS: u64 = 1000;

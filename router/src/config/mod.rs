@@ -41,7 +41,8 @@ pub use proxy::{PROXY_FLAGS, ProxyConfig};
 pub use retry::{RETRY_FLAGS, RetryConfig};
 pub use routing::{
     CACHE_AWARE_FLAGS, CacheAwareConfig, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, LeastLoadConfig,
-    LoadAwareConfig, PolicyKind, ROUTING_FLAGS, RoutingConfig,
+    LoadAwareConfig, PREFIX_AFFINITY_FLAGS, PolicyKind, PrefixAffinityConfig, ROUTING_FLAGS,
+    RoutingConfig,
 };
 pub use worker_health::{BREAKER_FLAGS, BreakerConfig, HEALTH_FLAGS, HealthConfig};
 

@@ -20,6 +20,8 @@ pub const CACHE_AWARE_FLAGS: &str = "Policy cache_aware";
 pub const LEAST_LOAD_FLAGS: &str = "Policy least_load";
 /// Help heading of the `load_aware` knobs; the policy registry names it.
 pub const LOAD_AWARE_FLAGS: &str = "Policy load_aware";
+/// Help heading of the `prefix_affinity` knobs; the policy registry names it.
+pub const PREFIX_AFFINITY_FLAGS: &str = "Policy prefix_affinity";
 
 /// Which routing policy a replica runs. The router builds the policy from
 /// this once at start-up (through the policy registry) and never matches on
@@ -39,6 +41,9 @@ pub enum PolicyKind {
     CacheAware,
     /// llm-d queue scorer: shortest engine waiting queue.
     LoadAware,
+    /// Fleet-wide prefix affinity: rendezvous hashing of the prompt's
+    /// leading blocks, bounded by least_load's wait (no pile-up).
+    PrefixAffinity,
 }
 
 /// `--policy` and every policy's knobs: what the policy registry needs to
@@ -61,6 +66,11 @@ pub struct RoutingConfig {
     /// The `load_aware` knobs.
     #[command(flatten)]
     pub load_aware: LoadAwareConfig,
+
+    /// The `prefix_affinity` knobs (its wait is least_load's, with
+    /// least_load's knobs).
+    #[command(flatten)]
+    pub prefix_affinity: PrefixAffinityConfig,
 }
 
 /// The `cache_aware` knobs; the policy's module docs say how each is used.
@@ -160,4 +170,29 @@ pub struct LoadAwareConfig {
     /// load_aware: engine waiting-queue length at which a worker scores 0.
     #[arg(long, env = "SHOAL_LOAD_AWARE_THRESHOLD", default_value_t = defaults::LOAD_AWARE_THRESHOLD, value_parser = parsers::positive_u64)]
     pub load_aware_threshold: u64,
+}
+
+/// The `prefix_affinity` knobs; the policy's module docs say how each is
+/// used.
+#[derive(Debug, Clone, Copy, PartialEq, Args)]
+#[command(next_help_heading = PREFIX_AFFINITY_FLAGS)]
+pub struct PrefixAffinityConfig {
+    /// prefix_affinity: leading 64-byte blocks of the prompt that make its affinity key; shorter prompts are routed by least_load alone.
+    #[arg(long, env = "SHOAL_PREFIX_AFFINITY_BLOCKS", default_value_t = defaults::PREFIX_AFFINITY_BLOCKS, value_parser = parsers::positive_usize)]
+    pub prefix_affinity_blocks: usize,
+
+    /// prefix_affinity: a worker keeps affinity while its wait is at most (1 + this) × the mean wait plus the request's own (>= 0).
+    #[arg(long, env = "SHOAL_PREFIX_AFFINITY_EPSILON", default_value_t = defaults::PREFIX_AFFINITY_EPSILON, value_parser = parsers::non_negative)]
+    pub prefix_affinity_epsilon: f64,
+}
+
+impl Default for PrefixAffinityConfig {
+    /// The flag defaults, for tests and benchmarks that build the policy
+    /// without parsing flags.
+    fn default() -> Self {
+        Self {
+            prefix_affinity_blocks: defaults::PREFIX_AFFINITY_BLOCKS,
+            prefix_affinity_epsilon: defaults::PREFIX_AFFINITY_EPSILON,
+        }
+    }
 }

@@ -12,9 +12,15 @@
 //!    valid KV usage `k`; otherwise they are skipped (a partial view would
 //!    compare known workers against unknown ones). With the defaults (a)
 //!    and (b) can never fire, so the policy is exactly the count-only guard.
-//! 2. **Imbalanced:** if (a) or (b) fired, the coldest-KV worker (min k,
-//!    then fewest in-flight requests); if only (c), the fewest fleet
-//!    in-flight requests.
+//! 2. **Imbalanced:** if (a) or (b) fired, the fewest fleet in-flight
+//!    requests among the workers under both KV thresholds (k at most the
+//!    overload threshold and at most min k + the balance threshold; if
+//!    every worker is overloaded, just the latter); if only (c), the
+//!    fewest fleet in-flight requests. (The SGLang gateway takes the single
+//!    coldest-KV worker, and so did this policy: KV moves only at polls,
+//!    so every request from every replica went to that one worker for a
+//!    whole poll interval. In-flight counts move with every booking, so
+//!    the fallback water-fills across the cool workers instead.)
 //! 3. **Balanced:** the candidate holding the longest prefix of the prompt
 //!    in the prefix tree (`prefix_tree`), if that prefix is more than
 //!    `--cache-threshold` of the prompt (bytes of UTF-8 text); several
@@ -50,21 +56,22 @@ struct Survey {
     requests: Vec<u64>,
     min_requests: u64,
     max_requests: u64,
+    /// Fresh, valid KV usage per candidate.
+    usage: Vec<Option<f64>>,
     /// (min k, max k) if every candidate has a fresh, valid k.
     kv_range: Option<(f64, f64)>,
     least_loaded: MinPick<u64>,
-    coldest: MinPick<(f64, u64)>,
 }
 
 fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Survey {
     let now = Instant::now();
     let mut s = Survey {
         requests: Vec::with_capacity(candidates.len()),
+        usage: Vec::with_capacity(candidates.len()),
         min_requests: u64::MAX,
         max_requests: 0,
         kv_range: Some((f64::INFINITY, f64::NEG_INFINITY)),
         least_loaded: MinPick::new(seed),
-        coldest: MinPick::new(seed),
     };
     for (i, worker) in candidates.iter().enumerate() {
         let load = fleet.load(worker, now);
@@ -73,11 +80,12 @@ fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Surve
         s.min_requests = s.min_requests.min(requests);
         s.max_requests = s.max_requests.max(requests);
         s.least_loaded.offer(requests, i);
-        match (signals::token_usage(&load), s.kv_range.as_mut()) {
+        let k = signals::token_usage(&load);
+        s.usage.push(k);
+        match (k, s.kv_range.as_mut()) {
             (Some(k), Some((lo, hi))) => {
                 *lo = lo.min(k);
                 *hi = hi.max(k);
-                s.coldest.offer((k, requests), i);
             }
             _ => s.kv_range = None,
         }
@@ -88,7 +96,7 @@ fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Surve
 /// Which rule of the imbalance guard fired, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Imbalance {
-    /// (a) or (b): fall back to the coldest-KV worker.
+    /// (a) or (b): fall back to the least loaded of the KV-cool workers.
     Kv,
     /// (c) only: fall back to the fewest in-flight requests.
     Requests,
@@ -131,6 +139,26 @@ impl CacheAwarePolicy {
         ((spread > c.balance_abs_threshold)
             && (s.max_requests as f64) > c.balance_rel_threshold * (s.min_requests as f64))
             .then_some(Imbalance::Requests)
+    }
+
+    /// The fewest fleet in-flight requests among the candidates under
+    /// both KV thresholds, or, if every one is over the overload
+    /// threshold, among those within the balance threshold of the coldest.
+    fn least_loaded_under_kv_thresholds(&self, s: &Survey, seed: u64) -> Option<usize> {
+        let (lo, _) = s.kv_range?;
+        let c = &self.config;
+        let mut cool = MinPick::new(seed);
+        let mut near_coldest = MinPick::new(seed);
+        for (i, k) in s.usage.iter().enumerate() {
+            let Some(k) = *k else { continue };
+            if k - lo <= c.balance_token_usage_threshold {
+                near_coldest.offer(s.requests[i], i);
+                if k <= c.overload_token_usage_threshold {
+                    cool.offer(s.requests[i], i);
+                }
+            }
+        }
+        cool.index().or(near_coldest.index())
     }
 
     /// The candidate with the deepest prefix match above the threshold.
@@ -186,7 +214,7 @@ impl Policy for CacheAwarePolicy {
         let text = request.text.as_deref().unwrap_or_default().as_bytes();
         let mut tree = self.tree.lock();
         let chosen = match self.imbalance(&s) {
-            Some(Imbalance::Kv) => s.coldest.index(),
+            Some(Imbalance::Kv) => self.least_loaded_under_kv_thresholds(&s, seed),
             Some(Imbalance::Requests) => s.least_loaded.index(),
             None if text.is_empty() => s.least_loaded.index(),
             None => self

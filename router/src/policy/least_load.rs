@@ -61,7 +61,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::pick::{self, MinPick};
+use super::pick;
 use super::{Policy, signals};
 use crate::config::LeastLoadConfig;
 use crate::fleet::FleetView;
@@ -150,6 +150,29 @@ impl MeanPrompt {
     }
 }
 
+/// What [`LeastLoadPolicy::scores`] are measured in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScoreUnit {
+    /// Expected wait in seconds; a token of work costs
+    /// `1 / mean_throughput` of them.
+    Seconds {
+        /// Mean tokens/s over the candidates with snapshots.
+        mean_throughput: f64,
+    },
+    /// Fleet in-flight requests (no candidate had a snapshot).
+    Requests,
+}
+
+impl ScoreUnit {
+    /// What one request of `token_work` tokens adds to a score.
+    pub fn of_request(self, token_work: u64) -> f64 {
+        match self {
+            ScoreUnit::Seconds { mean_throughput } => token_work as f64 / mean_throughput,
+            ScoreUnit::Requests => 1.0,
+        }
+    }
+}
+
 /// The `least_load` policy.
 #[derive(Debug, Clone)]
 pub struct LeastLoadPolicy {
@@ -180,25 +203,19 @@ impl LeastLoadPolicy {
         self.config.least_load_kv_pressure_weight * k / (1.0 - k)
     }
 
-    /// Throughput used for an engine's reported value.
-    fn throughput(&self, reported: Option<f64>) -> f64 {
-        reported.unwrap_or(self.config.least_load_default_throughput)
-    }
-}
-
-impl Policy for LeastLoadPolicy {
-    fn name(&self) -> &'static str {
-        "least_load"
-    }
-
-    fn select(
+    /// Each candidate's score into `out` (cleared first), in candidate
+    /// order: the expected wait in seconds, or, when no candidate has a
+    /// fresh snapshot, its fleet in-flight requests (join-shortest-queue).
+    /// Returns the unit the scores are in, for a caller that compares a
+    /// request's own size with them (`prefix_affinity`'s load bound).
+    pub fn scores(
         &self,
         candidates: &[Arc<Worker>],
-        _: &RequestInfo,
         fleet: &dyn FleetView,
-    ) -> Option<usize> {
+        out: &mut Vec<f64>,
+    ) -> ScoreUnit {
+        out.clear();
         let now = Instant::now();
-        let seed = pick::seed();
         let mean_prompt = self.mean_prompt.get();
         let mut rows = Vec::with_capacity(candidates.len());
         let mut lit = 0usize;
@@ -242,30 +259,25 @@ impl Policy for LeastLoadPolicy {
             });
         }
         if lit == 0 {
-            let mut jsq = MinPick::new(seed);
-            for (i, row) in rows.iter().enumerate() {
-                jsq.offer(row.requests, i);
-            }
-            return jsq.index();
+            out.extend(rows.iter().map(|row| row.requests as f64));
+            return ScoreUnit::Requests;
         }
         let mean_throughput = throughput_sum / lit as f64;
         let imputed = hottest.map_or(0.0, |k| self.kv_barrier(k));
-        let mut best = MinPick::new(seed);
-        for (i, row) in rows.iter().enumerate() {
+        out.extend(rows.iter().map(|row| {
             let wait = if row.lit {
                 row.wait
             } else {
                 row.wait / mean_throughput
             };
-            best.offer(wait + row.barrier.unwrap_or(imputed), i);
-        }
-        best.index()
+            wait + row.barrier.unwrap_or(imputed)
+        }));
+        ScoreUnit::Seconds { mean_throughput }
     }
 
-    fn token_work(&self, request: &RequestInfo) -> u64 {
-        if request.prompt_tokens > 0 {
-            self.mean_prompt.observe(request.prompt_tokens);
-        }
+    /// The token-work this policy books for `request` (what
+    /// [`Policy::token_work`] returns), without learning from it.
+    pub fn work_of(&self, request: &RequestInfo) -> u64 {
         if request.prompt_tokens == 0 {
             self.config
                 .least_load_mean_prefill_tokens
@@ -273,5 +285,34 @@ impl Policy for LeastLoadPolicy {
         } else {
             request.token_work()
         }
+    }
+
+    /// Throughput used for an engine's reported value.
+    fn throughput(&self, reported: Option<f64>) -> f64 {
+        reported.unwrap_or(self.config.least_load_default_throughput)
+    }
+}
+
+impl Policy for LeastLoadPolicy {
+    fn name(&self) -> &'static str {
+        "least_load"
+    }
+
+    fn select(
+        &self,
+        candidates: &[Arc<Worker>],
+        _: &RequestInfo,
+        fleet: &dyn FleetView,
+    ) -> Option<usize> {
+        let mut scores = Vec::with_capacity(candidates.len());
+        self.scores(candidates, fleet, &mut scores);
+        pick::argmin(&scores, pick::seed())
+    }
+
+    fn token_work(&self, request: &RequestInfo) -> u64 {
+        if request.prompt_tokens > 0 {
+            self.mean_prompt.observe(request.prompt_tokens);
+        }
+        self.work_of(request)
     }
 }

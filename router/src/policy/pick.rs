@@ -61,6 +61,15 @@ impl<K: PartialOrd + Copy> MinPick<K> {
     }
 }
 
+/// The index of the smallest of `values` (NaN ignored), ties at random.
+pub(crate) fn argmin(values: &[f64], seed: u64) -> Option<usize> {
+    let mut best = MinPick::new(seed);
+    for (i, value) in values.iter().enumerate() {
+        best.offer(*value, i);
+    }
+    best.index()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

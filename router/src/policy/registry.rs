@@ -6,11 +6,12 @@
 use std::sync::Arc;
 
 use super::{
-    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy, RandomPolicy,
-    RoundRobinPolicy,
+    CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy,
+    PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
 };
 use crate::config::{
-    CACHE_AWARE_FLAGS, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, PolicyKind, RoutingConfig,
+    CACHE_AWARE_FLAGS, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, PREFIX_AFFINITY_FLAGS, PolicyKind,
+    RoutingConfig,
 };
 
 /// One row of the registry: how one `--policy` value becomes a policy.
@@ -19,8 +20,9 @@ pub struct Registration {
     /// Help heading of the policy's own flag group in `--help` and the
     /// README (`None`: the policy has no knobs). Tests check it exists.
     pub flags: Option<&'static str>,
-    /// Builds the policy from the routing flags; it reads only its own
-    /// group (and nothing from the other policies' groups).
+    /// Builds the policy from the routing flags; it reads its own group,
+    /// and another policy's only when it is built on that policy
+    /// (`prefix_affinity` scores waits as least_load does, with its knobs).
     pub build: fn(&RoutingConfig) -> Arc<dyn Policy>,
 }
 
@@ -53,6 +55,15 @@ pub fn registration(kind: PolicyKind) -> Registration {
             build: |routing| {
                 Arc::new(LoadAwarePolicy::new(
                     routing.load_aware.load_aware_threshold,
+                ))
+            },
+        },
+        PolicyKind::PrefixAffinity => Registration {
+            flags: Some(PREFIX_AFFINITY_FLAGS),
+            build: |routing| {
+                Arc::new(PrefixAffinityPolicy::new(
+                    routing.prefix_affinity,
+                    routing.least_load,
                 ))
             },
         },

@@ -39,6 +39,7 @@ pub struct StoredSnapshot {
 pub struct Worker {
     id: u64,
     url: String,
+    url_hash: u64,
     healthy: AtomicBool,
     health_streak: std::sync::Mutex<health::Streak>,
     breaker: CircuitBreaker,
@@ -60,6 +61,7 @@ impl Worker {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            url_hash: url_hash(&url),
             url,
             healthy: AtomicBool::new(true),
             health_streak: std::sync::Mutex::new(health::Streak::default()),
@@ -79,6 +81,13 @@ impl Worker {
     /// Policies key per-worker state by it instead of hashing the URL.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// A hash of the URL that every replica and every build computes alike
+    /// ([`url_hash`]), computed once: rendezvous placement keys on it, so
+    /// replicas place the same prompt on the same worker.
+    pub fn url_hash(&self) -> u64 {
+        self.url_hash
     }
 
     /// Whether active health checks currently pass.
@@ -125,6 +134,14 @@ impl Worker {
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
+}
+
+/// FNV-1a of `url`, written out so it is the same on every replica whatever
+/// its Rust version or platform (the standard hasher promises neither).
+pub fn url_hash(url: &str) -> u64 {
+    url.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// A worker as `GET /workers` shows it.

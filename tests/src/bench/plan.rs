@@ -22,11 +22,59 @@ pub enum Choice {
     /// report only waiting/running request counts and KV usage, so the
     /// router must estimate the queued work itself.
     LeastLoadVllm,
+    /// `<policy>@<workload>`: any shoal policy on either workload, SGLang
+    /// engines (an index into [`PAIRS`]), so every policy can be compared
+    /// on both kinds of traffic.
+    Pair(usize),
 }
 
+/// Every `shoal --policy` value.
+pub const POLICIES: [&str; 7] = [
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_load",
+    "cache_aware",
+    "load_aware",
+    "prefix_affinity",
+];
+
+/// `(name, policy, workload)` of every [`Choice::Pair`]: each policy on
+/// each workload.
+pub const PAIRS: [(&str, &str, WorkloadKind); 14] = {
+    use WorkloadKind::{SharedPrefix, SizeSkewed};
+    [
+        ("round_robin@size_skewed", "round_robin", SizeSkewed),
+        ("random@size_skewed", "random", SizeSkewed),
+        ("power_of_two@size_skewed", "power_of_two", SizeSkewed),
+        ("least_load@size_skewed", "least_load", SizeSkewed),
+        ("cache_aware@size_skewed", "cache_aware", SizeSkewed),
+        ("load_aware@size_skewed", "load_aware", SizeSkewed),
+        ("prefix_affinity@size_skewed", "prefix_affinity", SizeSkewed),
+        ("round_robin@shared_prefix", "round_robin", SharedPrefix),
+        ("random@shared_prefix", "random", SharedPrefix),
+        ("power_of_two@shared_prefix", "power_of_two", SharedPrefix),
+        ("least_load@shared_prefix", "least_load", SharedPrefix),
+        ("cache_aware@shared_prefix", "cache_aware", SharedPrefix),
+        ("load_aware@shared_prefix", "load_aware", SharedPrefix),
+        (
+            "prefix_affinity@shared_prefix",
+            "prefix_affinity",
+            SharedPrefix,
+        ),
+    ]
+};
+
 impl Choice {
-    /// Every choice, in the order of the docs.
-    pub const ALL: [Choice; 3] = [Choice::LeastLoad, Choice::CacheAware, Choice::LeastLoadVllm];
+    /// The named choices, in the order of the docs (the pairs follow).
+    pub const NAMED: [Choice; 3] = [Choice::LeastLoad, Choice::CacheAware, Choice::LeastLoadVllm];
+
+    /// Every choice: the named ones, then every pair.
+    pub fn all() -> impl Iterator<Item = Choice> {
+        Self::NAMED
+            .into_iter()
+            .chain((0..PAIRS.len()).map(Choice::Pair))
+    }
 
     /// The name on the command line and in tables and JSON (`group`).
     pub fn name(self) -> &'static str {
@@ -34,21 +82,21 @@ impl Choice {
             Choice::LeastLoad => "least_load",
             Choice::CacheAware => "cache_aware",
             Choice::LeastLoadVllm => "least_load_vllm",
+            Choice::Pair(i) => PAIRS.get(i).map_or("?", |p| p.0),
         }
     }
 
     /// Parses a `--policies` entry; the error lists the valid names.
     pub fn parse(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|c| c.name() == s.trim())
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
-                format!(
-                    "unknown policy {s:?} (expected one of {})",
-                    names.join(", ")
-                )
-            })
+        Self::all().find(|c| c.name() == s.trim()).ok_or_else(|| {
+            let names: Vec<&str> = Self::NAMED.iter().map(|c| c.name()).collect();
+            format!(
+                "unknown policy {s:?} (expected one of {}, or <policy>@<workload> with a \
+                 policy among {} and a workload of size_skewed or shared_prefix)",
+                names.join(", "),
+                POLICIES.join(", ")
+            )
+        })
     }
 
     /// The `shoal --policy` value.
@@ -56,6 +104,7 @@ impl Choice {
         match self {
             Choice::LeastLoad | Choice::LeastLoadVllm => "least_load",
             Choice::CacheAware => "cache_aware",
+            Choice::Pair(i) => PAIRS.get(i).map_or("?", |p| p.1),
         }
     }
 
@@ -64,6 +113,7 @@ impl Choice {
         match self {
             Choice::LeastLoad | Choice::LeastLoadVllm => WorkloadKind::SizeSkewed,
             Choice::CacheAware => WorkloadKind::SharedPrefix,
+            Choice::Pair(i) => PAIRS.get(i).map_or(WorkloadKind::SizeSkewed, |p| p.2),
         }
     }
 
@@ -71,7 +121,7 @@ impl Choice {
     /// engine configuration is the same for every choice).
     pub fn flavor(self) -> Flavor {
         match self {
-            Choice::LeastLoad | Choice::CacheAware => Flavor::Sglang,
+            Choice::LeastLoad | Choice::CacheAware | Choice::Pair(_) => Flavor::Sglang,
             Choice::LeastLoadVllm => Flavor::Vllm,
         }
     }
@@ -141,6 +191,21 @@ mod tests {
         assert_eq!(specs[0].replicas, 1);
         assert!(specs[2].mesh);
         assert!(specs.iter().all(|s| s.group == "least_load_vllm"));
+    }
+
+    #[test]
+    fn every_policy_runs_on_both_workloads() {
+        for policy in POLICIES {
+            for (workload, kind) in [
+                ("size_skewed", WorkloadKind::SizeSkewed),
+                ("shared_prefix", WorkloadKind::SharedPrefix),
+            ] {
+                let c = Choice::parse(&format!("{policy}@{workload}")).unwrap();
+                assert_eq!((c.policy(), c.workload()), (policy, kind));
+                assert_eq!(c.name(), format!("{policy}@{workload}"));
+            }
+        }
+        assert!(Choice::parse("least_load@nowhere").is_err());
     }
 
     #[test]

@@ -62,8 +62,10 @@ struct Cli {
     /// summarizes each scenario by its median and range over seeds.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=10))]
     seeds: u16,
-    /// Policies to compare (comma separated): least_load, cache_aware,
-    /// least_load_vllm (least_load on the same traffic, vLLM engines).
+    /// Policies to compare (comma separated): least_load (size-skewed
+    /// traffic), cache_aware (shared-prefix), least_load_vllm (least_load
+    /// on the size-skewed traffic, vLLM engines), or `<policy>@<workload>`
+    /// for any shoal policy on size_skewed or shared_prefix traffic.
     #[arg(long, value_delimiter = ',', default_value = "least_load,cache_aware")]
     policies: Vec<String>,
     /// Router load-poll interval in model ms (the router's default is 1000).

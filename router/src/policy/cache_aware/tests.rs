@@ -80,23 +80,43 @@ fn uniform_high_kv_keeps_affinity() {
     );
 }
 
+/// How often each worker is picked in `n` selections, each booked (and
+/// held) on the chosen worker, as the router does.
+fn pick_booked(
+    policy: &CacheAwarePolicy,
+    workers: &[Arc<Worker>],
+    request: &RequestInfo,
+    n: usize,
+) -> Vec<u32> {
+    let mut counts = vec![0; workers.len()];
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let i = policy.select(workers, request, &fleet()).unwrap();
+        held.extend(book(&workers[i], 1, 100));
+        counts[i] += 1;
+    }
+    counts
+}
+
 #[test]
-fn one_hot_worker_with_the_rest_idle_rebalances_to_the_coldest() {
+fn one_hot_worker_with_the_rest_idle_rebalances_across_the_cool_ones() {
     let workers = workers(4);
     let policy = kv_guarded();
     seed_affinity(&policy, &workers, 0);
     for (w, k) in workers.iter().zip([0.85, 0.2, 0.1, 0.15]) {
         set_load(w, engine().usage(k));
     }
-    // max - min = 0.75 > 0.3: the coldest-KV worker, not the first one.
+    // max - min = 0.75 > 0.3: the guard fires. Workers within 0.3 of the
+    // coldest (1, 2, 3) share the requests by in-flight count; the single
+    // coldest (2) does not take them all while KV waits for a poll.
     assert_eq!(
-        pick_n(&policy, &workers, &prompt("next question"), 10),
-        [0, 0, 10, 0]
+        pick_booked(&policy, &workers, &prompt("next question"), 12),
+        [0, 4, 4, 4]
     );
 }
 
 #[test]
-fn overload_ceiling_falls_back_to_the_coldest() {
+fn overload_ceiling_falls_back_to_the_workers_under_it() {
     let workers = workers(4);
     let policy = with(CacheAwareConfig {
         overload_token_usage_threshold: 0.9,
@@ -106,17 +126,19 @@ fn overload_ceiling_falls_back_to_the_coldest() {
     for (w, k) in workers.iter().zip([0.85, 0.92, 0.88, 0.80]) {
         set_load(w, engine().usage(k));
     }
+    // Worker 1 is over 0.9; the other three water-fill.
     assert_eq!(
-        pick_n(&policy, &workers, &prompt("next question"), 10),
-        [0, 0, 0, 10]
+        pick_booked(&policy, &workers, &prompt("next question"), 9),
+        [3, 0, 3, 3]
     );
-    // Coldest-KV ties go to fewer in-flight requests.
-    set_load(&workers[0], engine().usage(0.80));
+    // Every worker over the ceiling: all are within the (off) balance
+    // threshold of the coldest, so the fewest in-flight requests wins.
+    for w in &workers {
+        set_load(w, engine().usage(0.95));
+    }
     let _b = book(&workers[3], 1, 10);
-    assert_eq!(
-        pick_n(&policy, &workers, &prompt("again"), 10),
-        [10, 0, 0, 0]
-    );
+    let picks = pick_booked(&policy, &workers, &prompt("again"), 3);
+    assert_eq!(picks[3], 0, "{picks:?}");
 }
 
 #[test]
@@ -157,7 +179,10 @@ fn partial_snapshot_coverage_skips_the_kv_terms() {
     );
     set_load(&workers[3], engine().usage(0.2));
     let _b = book(&workers[2], 1, 10);
-    assert_eq!(pick_n(&policy, &workers, &prompt("q3"), 10), [0, 10, 0, 0]);
+    // Now every k is known: worker 0 is over both guards; 1 and 3 (within
+    // 0.3 of the coldest, no requests) share; 2 has one in flight.
+    let picks = pick_n(&policy, &workers, &prompt("q3"), 10);
+    assert_eq!((picks[0], picks[2]), (0, 0), "{picks:?}");
 }
 
 /// The local view with every engine snapshot hidden.

@@ -1,0 +1,184 @@
+//! `prefix_affinity`: send prompts that share a prefix to the same worker
+//! on every replica, but never past a bound on that worker's load.
+//!
+//! `cache_aware` learns where prefixes are cached from the prompts *this*
+//! replica routed, so behind a Service each replica knows 1/N of them, and
+//! with full information it piles a hot prefix onto one engine until a
+//! count guard trips. This policy needs no memory of placements, so every
+//! replica reaches the same decision from the same fleet view:
+//!
+//! 1. **Key.** The prompt's first `--prefix-affinity-blocks` 64-byte
+//!    blocks, hashed ([`affinity_key`]). A prompt shorter than that has no
+//!    key: its prefill is cheap, and it is routed by least_load alone.
+//! 2. **Evidence of sharing.** A key this replica has not seen recently
+//!    (a small direct-mapped table of recent keys) is routed by least_load
+//!    alone: a unique prompt gains nothing from affinity, so it should get
+//!    the least wait. The second request with the same key has affinity.
+//! 3. **Bounded loads** (Mirrokni, Thorup and Zadimoghaddam, "Consistent
+//!    Hashing with Bounded Loads"). Each candidate's load is least_load's
+//!    score: the expected wait in seconds from fleet-wide token-work and
+//!    the polled engine queue, plus the KV barrier. A candidate is
+//!    eligible while `wait ≤ (1 + ε) × mean wait + the request's own
+//!    work`, `ε = --prefix-affinity-epsilon`; the least-loaded candidate
+//!    is always eligible, so some candidate always is.
+//! 4. **Rendezvous.** Among the eligible candidates, the one with the
+//!    highest `weight(key, worker URL)` ([`rendezvous_weight`]). A hot
+//!    prefix overflows from its first choice to its second, then third (in
+//!    an order fixed by the key, the same on every replica), so it ends up
+//!    cached on as many engines as its load needs; different prefixes
+//!    overflow to different engines, so nothing herds onto one "coldest"
+//!    worker. Removing a worker moves only the prefixes it held.
+//!
+//! The mesh carries no prompt text and no block hashes: replicas agree
+//! because the key is a pure function of the prompt and the bound reads the
+//! fleet view every replica shares. The only per-replica state is the
+//! recent-keys table, which decides only whether a key is shared at all.
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Policy;
+use super::least_load::LeastLoadPolicy;
+use super::pick;
+use crate::config::{LeastLoadConfig, PrefixAffinityConfig};
+use crate::fleet::FleetView;
+use crate::request::RequestInfo;
+use crate::workers::Worker;
+
+/// Bytes per block of the affinity key (the engines' and the mock's
+/// prefix-cache granularity in characters of text).
+pub const BLOCK_BYTES: usize = 64;
+
+/// Slots of the recent-keys table (a power of two): 128 KiB, enough that a
+/// prefix seen once in every few thousand requests is still remembered.
+const RECENT_KEYS: usize = 1 << 14;
+
+/// splitmix64's finaliser: a well-mixed 64-bit value from a weak one.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The affinity key of `text`: a hash of its first `blocks` × 64 bytes, or
+/// `None` when it is shorter. Written out word by word (no standard hasher)
+/// so every replica and every build computes the same key; a test pins a
+/// known answer.
+pub fn affinity_key(text: &[u8], blocks: usize) -> Option<u64> {
+    let head = text.get(..blocks.checked_mul(BLOCK_BYTES)?)?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for word in head.chunks_exact(8) {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(word);
+        h = (h.rotate_left(23) ^ u64::from_le_bytes(bytes)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    Some(mix(h))
+}
+
+/// The rendezvous weight of the worker whose URL hashes to `url_hash` for
+/// prompts with `key`: the highest eligible weight wins.
+pub fn rendezvous_weight(key: u64, url_hash: u64) -> u64 {
+    mix(key.wrapping_add(url_hash.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+}
+
+/// Keys of recently routed prompts, one per slot, overwritten on collision:
+/// "seen before" may be forgotten, never invented (a slot holds a full key).
+#[derive(Debug)]
+struct RecentKeys {
+    slots: Box<[AtomicU64]>,
+}
+
+impl Default for RecentKeys {
+    fn default() -> Self {
+        Self {
+            slots: (0..RECENT_KEYS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl RecentKeys {
+    /// Records `key` and says whether it was already there.
+    fn seen_before(&self, key: u64) -> bool {
+        // 0 marks an empty slot, so no stored key may be 0.
+        let stored = key | 1;
+        let slot = &self.slots[(key >> 32) as usize & (RECENT_KEYS - 1)];
+        if slot.load(Ordering::Relaxed) == stored {
+            return true;
+        }
+        slot.swap(stored, Ordering::Relaxed) == stored
+    }
+}
+
+/// The `prefix_affinity` policy.
+#[derive(Debug)]
+pub struct PrefixAffinityPolicy {
+    config: PrefixAffinityConfig,
+    least_load: LeastLoadPolicy,
+    recent: RecentKeys,
+}
+
+impl PrefixAffinityPolicy {
+    /// A policy with these knobs; its wait is least_load's with `least_load`.
+    pub fn new(config: PrefixAffinityConfig, least_load: LeastLoadConfig) -> Self {
+        Self {
+            config,
+            least_load: LeastLoadPolicy::new(least_load),
+            recent: RecentKeys::default(),
+        }
+    }
+
+    /// The key of `request` if it has one and has been seen before.
+    fn shared_key(&self, request: &RequestInfo) -> Option<u64> {
+        let text = request.text.as_deref()?.as_bytes();
+        let key = affinity_key(text, self.config.prefix_affinity_blocks)?;
+        self.recent.seen_before(key).then_some(key)
+    }
+}
+
+impl Policy for PrefixAffinityPolicy {
+    fn name(&self) -> &'static str {
+        "prefix_affinity"
+    }
+
+    fn select(
+        &self,
+        candidates: &[Arc<Worker>],
+        request: &RequestInfo,
+        fleet: &dyn FleetView,
+    ) -> Option<usize> {
+        let mut scores = Vec::with_capacity(candidates.len());
+        let unit = self.least_load.scores(candidates, fleet, &mut scores);
+        let least = || pick::argmin(&scores, pick::seed());
+        let Some(key) = self.shared_key(request) else {
+            return least();
+        };
+        let finite = scores.iter().filter(|s| s.is_finite());
+        let (sum, n) = finite.fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
+        if n == 0 {
+            return least();
+        }
+        let own = unit.of_request(self.least_load.work_of(request));
+        let bound = (1.0 + self.config.prefix_affinity_epsilon) * (sum / n as f64) + own;
+        let mut best: Option<(u64, usize)> = None;
+        for (i, (worker, score)) in candidates.iter().zip(&scores).enumerate() {
+            if *score <= bound {
+                let weight = rendezvous_weight(key, worker.url_hash());
+                if best.is_none_or(|(top, _)| weight > top) {
+                    best = Some((weight, i));
+                }
+            }
+        }
+        best.map(|(_, i)| i).or_else(least)
+    }
+
+    fn needs_request_text(&self) -> bool {
+        true
+    }
+
+    fn token_work(&self, request: &RequestInfo) -> u64 {
+        self.least_load.token_work(request)
+    }
+}
