@@ -42,7 +42,7 @@ pub enum PolicyKind {
     /// llm-d queue scorer: shortest engine waiting queue.
     LoadAware,
     /// Fleet-wide prefix affinity: rendezvous hashing of the prompt's
-    /// leading blocks, bounded by least_load's wait (no pile-up).
+    /// leading blocks, bounded by fleet wait and in-flight requests (no pile-up).
     PrefixAffinity,
 }
 
@@ -181,7 +181,7 @@ pub struct PrefixAffinityConfig {
     #[arg(long, env = "SHOAL_PREFIX_AFFINITY_BLOCKS", default_value_t = defaults::PREFIX_AFFINITY_BLOCKS, value_parser = parsers::positive_usize)]
     pub prefix_affinity_blocks: usize,
 
-    /// prefix_affinity: a worker keeps affinity while its wait is at most (1 + this) × the mean wait plus the request's own (>= 0).
+    /// prefix_affinity: a worker keeps affinity while its wait and its in-flight requests are at most (1 + this) × the mean (plus the request's own) (>= 0).
     #[arg(long, env = "SHOAL_PREFIX_AFFINITY_EPSILON", default_value_t = defaults::PREFIX_AFFINITY_EPSILON, value_parser = parsers::non_negative)]
     pub prefix_affinity_epsilon: f64,
 }

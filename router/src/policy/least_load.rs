@@ -81,7 +81,27 @@ struct Row {
     barrier: Option<f64>,
     /// Whether the candidate has a fresh snapshot.
     lit: bool,
-    requests: u64,
+}
+
+/// What one read of the fleet view gives each candidate, in candidate
+/// order ([`LeastLoadPolicy::scores`] fills it), so a policy that bounds
+/// loads reads the view once.
+#[derive(Debug, Default)]
+pub struct Scores {
+    /// least_load's score of each candidate, in [`ScoreUnit`]s.
+    pub values: Vec<f64>,
+    /// Each candidate's fleet in-flight requests (every replica's).
+    pub requests: Vec<u64>,
+}
+
+impl Scores {
+    /// Empty scores with room for `n` candidates.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            values: Vec::with_capacity(n),
+            requests: Vec::with_capacity(n),
+        }
+    }
 }
 
 /// Once warmed up, one booked prompt in this many (per I/O thread)
@@ -203,18 +223,20 @@ impl LeastLoadPolicy {
         self.config.least_load_kv_pressure_weight * k / (1.0 - k)
     }
 
-    /// Each candidate's score into `out` (cleared first), in candidate
-    /// order: the expected wait in seconds, or, when no candidate has a
-    /// fresh snapshot, its fleet in-flight requests (join-shortest-queue).
-    /// Returns the unit the scores are in, for a caller that compares a
-    /// request's own size with them (`prefix_affinity`'s load bound).
+    /// Each candidate's score and in-flight requests into `out` (cleared
+    /// first), in candidate order: the score is the expected wait in
+    /// seconds, or, when no candidate has a fresh snapshot, its fleet
+    /// in-flight requests (join-shortest-queue). Returns the unit the
+    /// scores are in, for a caller that compares a request's own size with
+    /// them (`prefix_affinity`'s load bound).
     pub fn scores(
         &self,
         candidates: &[Arc<Worker>],
         fleet: &dyn FleetView,
-        out: &mut Vec<f64>,
+        out: &mut Scores,
     ) -> ScoreUnit {
-        out.clear();
+        out.values.clear();
+        out.requests.clear();
         let now = Instant::now();
         let mean_prompt = self.mean_prompt.get();
         let mut rows = Vec::with_capacity(candidates.len());
@@ -228,7 +250,7 @@ impl LeastLoadPolicy {
                 hottest = Some(hottest.map_or(k, |h: f64| h.max(k)));
             }
             let barrier = k.map(|k| self.kv_barrier(k));
-            let requests = load.counts.requests;
+            out.requests.push(load.counts.requests);
             rows.push(match signals::engine(&load) {
                 Some(engine) => {
                     let throughput = self.throughput(signals::throughput(engine));
@@ -247,24 +269,22 @@ impl LeastLoadPolicy {
                         wait: work as f64 / throughput,
                         barrier,
                         lit: true,
-                        requests,
                     }
                 }
                 None => Row {
                     wait: load.counts.tokens as f64,
                     barrier,
                     lit: false,
-                    requests,
                 },
             });
         }
         if lit == 0 {
-            out.extend(rows.iter().map(|row| row.requests as f64));
+            out.values.extend(out.requests.iter().map(|&n| n as f64));
             return ScoreUnit::Requests;
         }
         let mean_throughput = throughput_sum / lit as f64;
         let imputed = hottest.map_or(0.0, |k| self.kv_barrier(k));
-        out.extend(rows.iter().map(|row| {
+        out.values.extend(rows.iter().map(|row| {
             let wait = if row.lit {
                 row.wait
             } else {
@@ -304,9 +324,9 @@ impl Policy for LeastLoadPolicy {
         _: &RequestInfo,
         fleet: &dyn FleetView,
     ) -> Option<usize> {
-        let mut scores = Vec::with_capacity(candidates.len());
+        let mut scores = Scores::with_capacity(candidates.len());
         self.scores(candidates, fleet, &mut scores);
-        pick::argmin(&scores, pick::seed())
+        pick::argmin(&scores.values, pick::seed())
     }
 
     fn token_work(&self, request: &RequestInfo) -> u64 {

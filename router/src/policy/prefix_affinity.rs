@@ -15,12 +15,21 @@
 //!    alone: a unique prompt gains nothing from affinity, so it should get
 //!    the least wait. The second request with the same key has affinity.
 //! 3. **Bounded loads** (Mirrokni, Thorup and Zadimoghaddam, "Consistent
-//!    Hashing with Bounded Loads"). Each candidate's load is least_load's
-//!    score: the expected wait in seconds from fleet-wide token-work and
-//!    the polled engine queue, plus the KV barrier. A candidate is
-//!    eligible while `wait ≤ (1 + ε) × mean wait + the request's own
-//!    work`, `ε = --prefix-affinity-epsilon`; the least-loaded candidate
-//!    is always eligible, so some candidate always is.
+//!    Hashing with Bounded Loads"), on two loads read from the fleet view,
+//!    `ε = --prefix-affinity-epsilon` for both. A candidate is eligible
+//!    while
+//!    - its least_load score (the expected wait in seconds from
+//!      fleet-wide token-work and the polled engine queue, plus the KV
+//!      barrier) is `≤ (1 + ε) × the mean score + the request's own work`,
+//!      and
+//!    - its fleet in-flight requests are below MTZ's capacity
+//!      `⌈(1 + ε) × (m + 1) / n⌉` (`m` in flight over `n` candidates).
+//!
+//!    The wait alone is not enough: a prefix that hits the cache is cheap
+//!    to prefill, so its home's queue stays short while its running set
+//!    (and KV) grows with every request it keeps; the count is live on
+//!    every replica (booked and released through the mesh), while KV moves
+//!    only at polls. If no candidate passes both, least_load's choice.
 //! 4. **Rendezvous.** Among the eligible candidates, the one with the
 //!    highest `weight(key, worker URL)` ([`rendezvous_weight`]). A hot
 //!    prefix overflows from its first choice to its second, then third (in
@@ -41,7 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Policy;
-use super::least_load::LeastLoadPolicy;
+use super::least_load::{LeastLoadPolicy, Scores};
 use super::pick;
 use crate::config::{LeastLoadConfig, PrefixAffinityConfig};
 use crate::fleet::FleetView;
@@ -112,6 +121,44 @@ impl RecentKeys {
     }
 }
 
+/// The bounded-loads capacity of one selection: a candidate may take the
+/// request while both its expected wait and its in-flight requests stay
+/// within `1 + ε` of the candidates' mean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LoadBound {
+    /// Highest admissible least_load score: `(1 + ε) × mean + own work`.
+    wait: f64,
+    /// Mirrokni–Thorup–Zadimoghaddam's capacity in requests,
+    /// `⌈(1 + ε) × (m + 1) / n⌉` for `m` fleet in-flight requests over `n`
+    /// candidates (the `+ 1` is this request): a candidate with fewer
+    /// in-flight requests than this is admitted.
+    requests: u64,
+}
+
+impl LoadBound {
+    /// The bound over `scores` for a request whose own work is `own` (in
+    /// the scores' unit); `None` when no score is finite.
+    fn over(scores: &Scores, own: f64, epsilon: f64) -> Option<Self> {
+        let finite = scores.values.iter().filter(|s| s.is_finite());
+        let (sum, n) = finite.fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
+        if n == 0 {
+            return None;
+        }
+        let in_flight: u64 = scores.requests.iter().sum();
+        let per_candidate = (in_flight as f64 + 1.0) / scores.requests.len() as f64;
+        Some(Self {
+            wait: (1.0 + epsilon) * (sum / n as f64) + own,
+            requests: ((1.0 + epsilon) * per_candidate).ceil() as u64,
+        })
+    }
+
+    /// Whether a candidate with this score and in-flight count may take
+    /// the request.
+    fn admits(&self, wait: f64, requests: u64) -> bool {
+        wait <= self.wait && requests < self.requests
+    }
+}
+
 /// The `prefix_affinity` policy.
 #[derive(Debug)]
 pub struct PrefixAffinityPolicy {
@@ -149,22 +196,20 @@ impl Policy for PrefixAffinityPolicy {
         request: &RequestInfo,
         fleet: &dyn FleetView,
     ) -> Option<usize> {
-        let mut scores = Vec::with_capacity(candidates.len());
+        let mut scores = Scores::with_capacity(candidates.len());
         let unit = self.least_load.scores(candidates, fleet, &mut scores);
-        let least = || pick::argmin(&scores, pick::seed());
+        let least = || pick::argmin(&scores.values, pick::seed());
         let Some(key) = self.shared_key(request) else {
             return least();
         };
-        let finite = scores.iter().filter(|s| s.is_finite());
-        let (sum, n) = finite.fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
-        if n == 0 {
-            return least();
-        }
         let own = unit.of_request(self.least_load.work_of(request));
-        let bound = (1.0 + self.config.prefix_affinity_epsilon) * (sum / n as f64) + own;
+        let Some(bound) = LoadBound::over(&scores, own, self.config.prefix_affinity_epsilon) else {
+            return least();
+        };
         let mut best: Option<(u64, usize)> = None;
-        for (i, (worker, score)) in candidates.iter().zip(&scores).enumerate() {
-            if *score <= bound {
+        let loads = scores.values.iter().zip(&scores.requests);
+        for (i, (worker, (&wait, &requests))) in candidates.iter().zip(loads).enumerate() {
+            if bound.admits(wait, requests) {
                 let weight = rendezvous_weight(key, worker.url_hash());
                 if best.is_none_or(|(top, _)| weight > top) {
                     best = Some((weight, i));

@@ -98,13 +98,9 @@ fn a_hot_prefix_overflows_in_key_order_within_the_bound() {
         assert!(max <= 1.25 * mean + 2.0 + 1e-9, "{picks:?}");
     }
     assert_eq!(
-        picks
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, n)| **n)
-            .map(|(i, _)| i),
-        Some(first),
-        "the first choice keeps the most: {picks:?}"
+        picks[first],
+        *picks.iter().max().unwrap(),
+        "the first choice keeps the most (ties at capacity): {picks:?}"
     );
     assert!(picks.iter().all(|&n| n > 0), "{picks:?}");
 
@@ -127,6 +123,63 @@ fn a_hot_prefix_overflows_in_key_order_within_the_bound() {
         piled[i] += 1;
     }
     assert_eq!(piled.iter().filter(|&&n| n > 0).count(), 1, "{piled:?}");
+}
+
+#[test]
+fn a_hot_prefix_spreads_by_running_requests_even_while_its_queue_is_empty() {
+    // Every request hits the cache and starts at once: each engine's
+    // queue is empty at every poll and nothing is pending prefill, so the
+    // wait bound alone would keep the prefix on its home for ever while
+    // its running set (and KV) grows. The in-flight count bound spreads it.
+    let workers = idle_workers(4);
+    let request = long_prompt(3);
+    let first = home(&workers, &request);
+    let p = policy();
+    p.select(&workers, &request, &fleet());
+    let mut running: Vec<Booking> = Vec::new();
+    let mut picks = [0u64; 4];
+    for _ in 0..100 {
+        let i = p.select(&workers, &request, &fleet()).unwrap();
+        let mut booking = workers[i]
+            .ledger()
+            .book(request.prompt_tokens, p.token_work(&request));
+        booking.first_byte();
+        running.push(booking);
+        picks[i] += 1;
+        for w in &workers {
+            set_load(w, engine().queued(0).throughput(2000.0).usage(0.1));
+        }
+        let total: u64 = picks.iter().sum();
+        let capacity = (1.25 * total as f64 / 4.0).ceil() as u64;
+        assert!(picks.iter().all(|&n| n <= capacity), "{picks:?}");
+    }
+    assert_eq!(picks[first], *picks.iter().max().unwrap(), "{picks:?}");
+    // MTZ fills the key's order: the first choices sit at capacity
+    // (⌈1.25 × 100 / 4⌉ = 32) and the rest overflows to the next.
+    let mut sorted = picks;
+    sorted.sort_unstable();
+    assert!(sorted[1..].iter().all(|&n| n >= 30), "{picks:?}");
+}
+
+#[test]
+fn the_load_bound_is_mtz_capacity_beside_the_wait_bound() {
+    let scores = Scores {
+        values: vec![1.0, 2.0, 3.0, f64::INFINITY],
+        requests: vec![10, 0, 5, 4],
+    };
+    let bound = LoadBound::over(&scores, 0.5, 0.25).unwrap();
+    // Mean of the finite scores 2.0: 1.25 × 2.0 + 0.5.
+    assert!((bound.wait - 3.0).abs() < 1e-12, "{bound:?}");
+    // ⌈1.25 × (19 + 1) / 4⌉ = ⌈6.25⌉.
+    assert_eq!(bound.requests, 7);
+    assert!(bound.admits(3.0, 6));
+    assert!(!bound.admits(3.0, 7), "at capacity");
+    assert!(!bound.admits(3.1, 0), "past the wait bound");
+    let dark = Scores {
+        values: vec![f64::NAN, f64::INFINITY],
+        requests: vec![0, 0],
+    };
+    assert_eq!(LoadBound::over(&dark, 0.0, 0.25), None);
 }
 
 #[test]
