@@ -32,7 +32,7 @@
 #   SHOAL_ARGS=""          extra arguments for every shoal
 #   PROXY_THREADS=2        nginx worker_processes, and shoal --io-threads (for builds
 #                          that have the flag), so both proxies get the same threads
-#   POLICY=cache_aware     shoal --policy
+#   POLICY=prefix_affinity shoal --policy (the default)
 #   MESH=off               off | on (3 meshed replicas) | both
 #   BACKENDS="fixed mock stream"
 #   CONCS="8 1"            wrk connections; one table per value (CONC=N means CONCS=N)
@@ -62,7 +62,7 @@ ROUNDS=${ROUNDS:-3}
 CONCS=${CONCS:-${CONC:-8 1}}
 WARMUP=${WARMUP:-1}
 IDLE=${IDLE:-5}
-POLICY=${POLICY:-cache_aware}
+POLICY=${POLICY:-prefix_affinity}
 MESH=${MESH:-off}
 BACKENDS=${BACKENDS:-fixed mock stream}
 OUT=${OUT:-target/proxy-bench.json}

@@ -103,17 +103,47 @@ async fn load_aware_prefers_the_shorter_engine_queue() {
     assert_eq!((long.requests(), short.requests()), (0, 6));
 }
 
+/// A chat request whose prompt (about 1.6 KB) is long enough for an
+/// affinity key, or a short one.
+fn chat_with(content: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": "test-model",
+        "stream": false,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": content}]
+    })
+}
+
 #[tokio::test]
-async fn cache_aware_is_the_default_and_keeps_a_prompt_on_one_worker() {
+async fn prefix_affinity_is_the_default_keeping_long_prompts_together_and_spreading_short_ones() {
     let a = FakeEngine::start().await;
     let b = FakeEngine::start().await;
     let mut args = common::base_args(&[&a.url, &b.url]);
     let at = args.iter().position(|x| x == "--policy").unwrap();
     args.drain(at..at + 2);
     let router = Router::start(&args).await;
+    let long = format!(
+        "tag 1: {}",
+        "a system prompt every turn shares. ".repeat(45)
+    );
     for _ in 0..8 {
-        assert_eq!(router.chat(false).await.status(), 200);
+        let response = router
+            .post_json("/v1/chat/completions", &chat_with(&long))
+            .await;
+        assert_eq!(response.status(), 200);
     }
-    let counts = (a.requests(), b.requests());
-    assert!(counts == (8, 0) || counts == (0, 8), "{counts:?}");
+    // The first sight of a key goes by least load (a tie between two idle
+    // engines); every repeat goes to the key's home.
+    let (on_a, on_b) = (a.requests(), b.requests());
+    assert!(on_a.max(on_b) >= 7, "{:?}", (on_a, on_b));
+    // A prompt shorter than the key has no affinity: ties between idle
+    // engines break at random (cache_aware would keep it on one engine).
+    for _ in 0..16 {
+        let response = router
+            .post_json("/v1/chat/completions", &chat_with("hi"))
+            .await;
+        assert_eq!(response.status(), 200);
+    }
+    let short = (a.requests() - on_a, b.requests() - on_b);
+    assert!(short.0 > 0 && short.1 > 0, "{short:?}");
 }

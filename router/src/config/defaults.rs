@@ -13,7 +13,7 @@ pub const IO_THREADS: usize = 0;
 /// Upper bound on `--io-threads` (a typo guard, far above any core count).
 pub const MAX_IO_THREADS: usize = 1024;
 /// Routing policy used when `--policy` is not given.
-pub const POLICY: &str = "cache_aware";
+pub const POLICY: &str = "prefix_affinity";
 
 /// `cache_aware`: a prefix match above this fraction of the prompt routes by
 /// affinity (SGLang gateway default).

@@ -23,7 +23,7 @@ fn defaults_come_from_the_defaults_module() {
         Duration::from_millis(defaults::LOAD_POLL_INTERVAL_MS * defaults::LOAD_STALE_AFTER_POLLS)
     );
     assert_eq!(config.retry.retry_max_retries, defaults::RETRY_MAX_RETRIES);
-    assert_eq!(config.routing.policy, PolicyKind::CacheAware);
+    assert_eq!(config.routing.policy, PolicyKind::PrefixAffinity);
     assert_eq!(config.load.worker_load_source, LoadSource::Auto);
     assert_eq!(
         config.routing.cache_aware.cache_threshold,
