@@ -136,6 +136,7 @@ impl Core {
         let snapshot = tables.state.snapshot(&entry.key).map(|s| SnapshotView {
             source: s.value.source,
             load: s.value.load,
+            figures: shoal_proto::LoadFigures::of(&s.value.load),
             polled_at_unix_ms: s.polled_at_ms,
             taken_at: s.taken_at,
         });

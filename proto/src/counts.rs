@@ -31,6 +31,7 @@ impl LoadCounts {
 impl std::ops::Add for LoadCounts {
     type Output = Self;
 
+    #[inline]
     fn add(self, other: Self) -> Self {
         Self {
             requests: self.requests.saturating_add(other.requests),
@@ -44,6 +45,7 @@ impl std::ops::Add for LoadCounts {
 }
 
 impl std::ops::AddAssign for LoadCounts {
+    #[inline]
     fn add_assign(&mut self, other: Self) {
         *self = *self + other;
     }

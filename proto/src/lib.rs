@@ -5,8 +5,10 @@
 //! replicas exchange, have one definition that both sides agree on.
 
 pub mod counts;
+pub mod figures;
 pub mod frames;
 pub mod load;
 
 pub use counts::LoadCounts;
+pub use figures::LoadFigures;
 pub use load::{EngineKind, EngineLoad, LoadSnapshot};

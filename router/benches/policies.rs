@@ -219,10 +219,10 @@ fn fleet_view_every_worker(bencher: Bencher, n: usize) {
     use shoal::fleet::FleetView;
     let fleet = fleet(n);
     bencher.bench_local(|| {
-        let now = std::time::Instant::now();
+        let at = fleet.view.moment(std::time::Instant::now());
         let mut sum = 0u64;
         for w in &fleet.workers {
-            sum = sum.wrapping_add(fleet.view.load(w, now).counts.dispatched_since_poll);
+            sum = sum.wrapping_add(fleet.view.load(w, &at).counts.dispatched_since_poll);
         }
         black_box(sum)
     });

@@ -201,10 +201,10 @@ pub fn fleet_saturated(
     if cap == 0 {
         return None;
     }
-    let now = std::time::Instant::now();
+    let now = fleet.moment(std::time::Instant::now());
     let mut available = workers.iter().filter(|w| w.is_available()).peekable();
     available.peek()?;
-    if available.all(|w| fleet.load(w, now).counts.requests >= cap) {
+    if available.all(|w| fleet.load(w, &now).counts.requests >= cap) {
         return Some(ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: format!(

@@ -1,10 +1,11 @@
 //! The fleet view of a meshed replica: every live verified replica's
 //! bookings and the freshest snapshot any of them polled.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{FleetView, WorkerLoad};
-use crate::workers::{SnapshotReading, Worker};
+use super::{FleetView, Moment, WorkerLoad};
+use crate::workers::Worker;
 
 /// Reads each worker's mesh slot: lock-free sums over live incarnations
 /// and the freshest snapshot, aged from its poll time.
@@ -21,12 +22,21 @@ impl MeshFleet {
 }
 
 impl FleetView for MeshFleet {
-    fn load(&self, worker: &Worker, now: Instant) -> WorkerLoad {
+    fn moment(&self, now: Instant) -> Moment {
+        Moment::new(now, self.stale_after)
+    }
+
+    #[inline]
+    fn load(&self, worker: &Worker, at: &Moment) -> WorkerLoad {
         let fleet = worker.ledger().slot().fleet();
-        let snapshot = fleet.snapshot.map(|s| SnapshotReading {
-            taken_at: s.taken_at,
-            load: s.load,
-        });
-        WorkerLoad::assemble(fleet.counts, snapshot, now, self.stale_after)
+        let fresh = fleet
+            .snapshot
+            .filter(|s| at.is_fresh(s.taken_at))
+            .map(|s| (s.load, s.figures));
+        WorkerLoad::assemble(fleet.counts, fresh)
+    }
+
+    fn load_all(&self, workers: &[Arc<Worker>], at: &Moment, out: &mut Vec<WorkerLoad>) {
+        out.extend(workers.iter().map(|w| self.load(w, at)));
     }
 }

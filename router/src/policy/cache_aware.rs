@@ -64,7 +64,7 @@ struct Survey {
 }
 
 fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Survey {
-    let now = Instant::now();
+    let now = fleet.moment(Instant::now());
     let mut s = Survey {
         requests: Vec::with_capacity(candidates.len()),
         usage: Vec::with_capacity(candidates.len()),
@@ -74,7 +74,7 @@ fn survey(candidates: &[Arc<Worker>], fleet: &dyn FleetView, seed: u64) -> Surve
         least_loaded: MinPick::new(seed),
     };
     for (i, worker) in candidates.iter().enumerate() {
-        let load = fleet.load(worker, now);
+        let load = fleet.load(worker, &now);
         let requests = load.counts.requests;
         s.requests.push(requests);
         s.min_requests = s.min_requests.min(requests);

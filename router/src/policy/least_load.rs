@@ -64,23 +64,19 @@ use std::time::Instant;
 use super::pick;
 use super::{Policy, signals};
 use crate::config::LeastLoadConfig;
-use crate::fleet::FleetView;
+use crate::fleet::{FleetView, WorkerLoad};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
-/// Highest KV usage fed to `k/(1-k)`, which is infinite at 1.
-pub const KV_USAGE_CLAMP: f64 = 0.999;
-
-/// One candidate's score parts, before the fleet-wide terms are known.
+/// What a candidate's first-pass score still lacks, fixed once the
+/// candidates' shared terms are known.
 #[derive(Debug, Clone, Copy)]
-struct Row {
-    /// Seconds of queued work (lit), or in-flight tokens (dark).
-    wait: f64,
-    /// `w * k/(1-k)` for a fresh valid `k`; `None` when it is missing
-    /// (charged the imputed barrier).
-    barrier: Option<f64>,
-    /// Whether the candidate has a fresh snapshot.
-    lit: bool,
+enum Missing {
+    /// A fresh snapshot without a valid `k`: add the imputed barrier.
+    Barrier,
+    /// No fresh snapshot: the value is in-flight tokens, to be priced at
+    /// the mean throughput, plus the imputed barrier.
+    Snapshot,
 }
 
 /// What one read of the fleet view gives each candidate, in candidate
@@ -92,6 +88,8 @@ pub struct Scores {
     pub values: Vec<f64>,
     /// Each candidate's fleet in-flight requests (every replica's).
     pub requests: Vec<u64>,
+    /// Scratch: the fleet view's read of each candidate.
+    loads: Vec<WorkerLoad>,
 }
 
 impl Scores {
@@ -100,6 +98,7 @@ impl Scores {
         Self {
             values: Vec::with_capacity(n),
             requests: Vec::with_capacity(n),
+            loads: Vec::with_capacity(n),
         }
     }
 }
@@ -197,6 +196,8 @@ impl ScoreUnit {
 #[derive(Debug, Clone)]
 pub struct LeastLoadPolicy {
     config: LeastLoadConfig,
+    /// `1 / --least-load-default-throughput`, for engines that report none.
+    default_secs_per_token: f64,
     mean_prompt: Arc<MeanPrompt>,
 }
 
@@ -207,6 +208,7 @@ impl LeastLoadPolicy {
             config.least_load_mean_prefill_tokens as f64,
         ));
         Self {
+            default_secs_per_token: 1.0 / config.least_load_default_throughput,
             config,
             mean_prompt,
         }
@@ -219,8 +221,7 @@ impl LeastLoadPolicy {
 
     /// The KV barrier `w * k/(1-k)` for a valid usage `k`.
     pub fn kv_barrier(&self, k: f64) -> f64 {
-        let k = k.clamp(0.0, KV_USAGE_CLAMP);
-        self.config.least_load_kv_pressure_weight * k / (1.0 - k)
+        self.config.least_load_kv_pressure_weight * shoal_proto::figures::kv_odds(k)
     }
 
     /// Each candidate's score and in-flight requests into `out` (cleared
@@ -229,6 +230,11 @@ impl LeastLoadPolicy {
     /// in-flight requests (join-shortest-queue). Returns the unit the
     /// scores are in, for a caller that compares a request's own size with
     /// them (`prefix_affinity`'s load bound).
+    ///
+    /// One pass over the fleet view, with no division per candidate (the
+    /// snapshot's [`shoal_proto::LoadFigures`] were derived when it was
+    /// stored); candidates missing a term (no `k`, no snapshot) are noted
+    /// and completed after it, which in a fully polled fleet costs nothing.
     pub fn scores(
         &self,
         candidates: &[Arc<Worker>],
@@ -237,61 +243,68 @@ impl LeastLoadPolicy {
     ) -> ScoreUnit {
         out.values.clear();
         out.requests.clear();
-        let now = Instant::now();
+        let at = fleet.moment(Instant::now());
         let mean_prompt = self.mean_prompt.get();
-        let mut rows = Vec::with_capacity(candidates.len());
+        let weight = self.config.least_load_kv_pressure_weight;
+        // Allocates only if some candidate lacks a term.
+        let mut missing: Vec<(usize, Missing)> = Vec::new();
         let mut lit = 0usize;
         let mut throughput_sum = 0.0;
         let mut hottest: Option<f64> = None;
-        for worker in candidates {
-            let load = fleet.load(worker, now);
-            let k = signals::token_usage(&load);
-            if let Some(k) = k {
-                hottest = Some(hottest.map_or(k, |h: f64| h.max(k)));
-            }
-            let barrier = k.map(|k| self.kv_barrier(k));
+        out.loads.clear();
+        fleet.load_all(candidates, &at, &mut out.loads);
+        for (i, load) in out.loads.iter().enumerate() {
             out.requests.push(load.counts.requests);
-            rows.push(match signals::engine(&load) {
-                Some(engine) => {
-                    let throughput = self.throughput(signals::throughput(engine));
-                    lit += 1;
-                    throughput_sum += throughput;
-                    let polled_queue = engine
-                        .queued_tokens
-                        .or_else(|| {
-                            signals::waiting(&load).map(|n| (n as f64 * mean_prompt) as u64)
-                        })
-                        .unwrap_or(0);
-                    let work = polled_queue
-                        .saturating_add(load.counts.dispatched_since_poll)
-                        .max(load.counts.pending_prefill);
-                    Row {
-                        wait: work as f64 / throughput,
-                        barrier,
-                        lit: true,
-                    }
+            let odds = load.figures.kv_odds;
+            if let Some(odds) = odds {
+                hottest = Some(hottest.map_or(odds, |h: f64| h.max(odds)));
+            }
+            let Some(engine) = signals::engine(load) else {
+                missing.push((i, Missing::Snapshot));
+                out.values.push(load.counts.tokens as f64);
+                continue;
+            };
+            let (throughput, secs_per_token) =
+                match (load.figures.secs_per_token, signals::throughput(engine)) {
+                    (Some(secs), Some(throughput)) => (throughput, secs),
+                    _ => (
+                        self.config.least_load_default_throughput,
+                        self.default_secs_per_token,
+                    ),
+                };
+            lit += 1;
+            throughput_sum += throughput;
+            let polled_queue = engine
+                .queued_tokens
+                .or_else(|| signals::waiting(load).map(|n| (n as f64 * mean_prompt) as u64))
+                .unwrap_or(0);
+            let work = polled_queue
+                .saturating_add(load.counts.dispatched_since_poll)
+                .max(load.counts.pending_prefill);
+            let wait = work as f64 * secs_per_token;
+            out.values.push(match odds {
+                Some(odds) => wait + weight * odds,
+                None => {
+                    missing.push((i, Missing::Barrier));
+                    wait
                 }
-                None => Row {
-                    wait: load.counts.tokens as f64,
-                    barrier,
-                    lit: false,
-                },
             });
         }
         if lit == 0 {
+            out.values.clear();
             out.values.extend(out.requests.iter().map(|&n| n as f64));
             return ScoreUnit::Requests;
         }
         let mean_throughput = throughput_sum / lit as f64;
-        let imputed = hottest.map_or(0.0, |k| self.kv_barrier(k));
-        out.values.extend(rows.iter().map(|row| {
-            let wait = if row.lit {
-                row.wait
-            } else {
-                row.wait / mean_throughput
+        let secs_per_mean_token = 1.0 / mean_throughput;
+        let imputed = hottest.map_or(0.0, |odds| weight * odds);
+        for (i, term) in missing {
+            let value = &mut out.values[i];
+            *value = match term {
+                Missing::Barrier => *value + imputed,
+                Missing::Snapshot => *value * secs_per_mean_token + imputed,
             };
-            wait + row.barrier.unwrap_or(imputed)
-        }));
+        }
         ScoreUnit::Seconds { mean_throughput }
     }
 
@@ -305,11 +318,6 @@ impl LeastLoadPolicy {
         } else {
             request.token_work()
         }
-    }
-
-    /// Throughput used for an engine's reported value.
-    fn throughput(&self, reported: Option<f64>) -> f64 {
-        reported.unwrap_or(self.config.least_load_default_throughput)
     }
 }
 

@@ -60,10 +60,10 @@ impl Policy for LoadAwarePolicy {
         _: &RequestInfo,
         fleet: &dyn FleetView,
     ) -> Option<usize> {
-        let now = Instant::now();
+        let now = fleet.moment(Instant::now());
         let mut best = MinPick::new(pick::seed());
         for (i, worker) in candidates.iter().enumerate() {
-            let load = fleet.load(worker, now);
+            let load = fleet.load(worker, &now);
             let score = signals::waiting(&load).map_or(0.0, |w| queue_score(w, self.threshold));
             best.offer((-score, load.counts.requests), i);
         }

@@ -55,9 +55,9 @@ impl Policy for PowerOfTwoPolicy {
             _ => {
                 let first = rng.random_range(0..n);
                 let second = (first + rng.random_range(1..n)) % n;
-                let now = Instant::now();
-                let a = fleet.load(&candidates[first], now);
-                let b = fleet.load(&candidates[second], now);
+                let now = fleet.moment(Instant::now());
+                let a = fleet.load(&candidates[first], &now);
+                let b = fleet.load(&candidates[second], &now);
                 Some(match lighter(&a, &b) {
                     Some(true) => first,
                     Some(false) => second,

@@ -136,16 +136,17 @@ struct LoadBound {
 }
 
 impl LoadBound {
-    /// The bound over `scores` for a request whose own work is `own` (in
-    /// the scores' unit); `None` when no score is finite.
-    fn over(scores: &Scores, own: f64, epsilon: f64) -> Option<Self> {
-        let finite = scores.values.iter().filter(|s| s.is_finite());
+    /// The bound over the candidates' least_load `scores` and fleet
+    /// in-flight `requests` for a request whose own work is `own` (in the
+    /// scores' unit); `None` when no score is finite.
+    fn over(scores: &[f64], requests: &[u64], own: f64, epsilon: f64) -> Option<Self> {
+        let finite = scores.iter().filter(|s| s.is_finite());
         let (sum, n) = finite.fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
         if n == 0 {
             return None;
         }
-        let in_flight: u64 = scores.requests.iter().sum();
-        let per_candidate = (in_flight as f64 + 1.0) / scores.requests.len() as f64;
+        let in_flight: u64 = requests.iter().sum();
+        let per_candidate = (in_flight as f64 + 1.0) / requests.len() as f64;
         Some(Self {
             wait: (1.0 + epsilon) * (sum / n as f64) + own,
             requests: ((1.0 + epsilon) * per_candidate).ceil() as u64,
@@ -203,7 +204,8 @@ impl Policy for PrefixAffinityPolicy {
             return least();
         };
         let own = unit.of_request(self.least_load.work_of(request));
-        let Some(bound) = LoadBound::over(&scores, own, self.config.prefix_affinity_epsilon) else {
+        let epsilon = self.config.prefix_affinity_epsilon;
+        let Some(bound) = LoadBound::over(&scores.values, &scores.requests, own, epsilon) else {
             return least();
         };
         let mut best: Option<(u64, usize)> = None;

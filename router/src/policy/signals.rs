@@ -8,11 +8,13 @@ use crate::fleet::WorkerLoad;
 
 /// The fresh engine snapshot, unless it carries no signal at all (such a
 /// snapshot tells as little as none).
+#[inline]
 pub(crate) fn engine(load: &WorkerLoad) -> Option<&EngineLoad> {
     load.engine.as_ref().filter(|e| !e.is_empty())
 }
 
 /// KV-cache usage `k` from a fresh snapshot, if finite and within 0..=1.
+#[inline]
 pub(crate) fn token_usage(load: &WorkerLoad) -> Option<f64> {
     load.engine
         .and_then(|e| e.token_usage)
@@ -20,11 +22,13 @@ pub(crate) fn token_usage(load: &WorkerLoad) -> Option<f64> {
 }
 
 /// Reported generation throughput, if finite and > 0.
+#[inline]
 pub(crate) fn throughput(engine: &EngineLoad) -> Option<f64> {
     engine.gen_throughput.filter(|t| t.is_finite() && *t > 0.0)
 }
 
 /// Engine waiting-queue length from a fresh snapshot.
+#[inline]
 pub(crate) fn waiting(load: &WorkerLoad) -> Option<u64> {
     load.engine.and_then(|e| e.waiting_requests)
 }

@@ -11,7 +11,7 @@ use shoal_proto::{EngineKind, EngineLoad, LoadSnapshot};
 
 use super::Policy;
 use crate::config::BreakerConfig;
-use crate::fleet::{FleetView, LocalFleet, WorkerLoad};
+use crate::fleet::{FleetView, LocalFleet, Moment, WorkerLoad};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 use crate::workers::{Booking, Ledger};
@@ -178,12 +178,14 @@ impl ReplicaFleet {
 }
 
 impl FleetView for ReplicaFleet {
-    fn load(&self, worker: &Worker, now: Instant) -> WorkerLoad {
+    fn moment(&self, now: Instant) -> Moment {
+        Moment::new(now, STALE_AFTER)
+    }
+
+    fn load(&self, worker: &Worker, at: &Moment) -> WorkerLoad {
         WorkerLoad::assemble(
             self.counts(worker),
-            worker.snapshot_cell().read(),
-            now,
-            STALE_AFTER,
+            worker.snapshot_cell().read_fresh(at.fresh_from_stamp()),
         )
     }
 }

@@ -34,6 +34,7 @@ impl Ledger {
     }
 
     /// The slot behind this ledger.
+    #[inline]
     pub fn slot(&self) -> &WorkerSlot {
         &self.slot
     }
@@ -45,6 +46,7 @@ impl Ledger {
     }
 
     /// This replica's own counts.
+    #[inline]
     pub fn counts(&self) -> LoadCounts {
         self.slot.own()
     }

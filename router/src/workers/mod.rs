@@ -21,7 +21,7 @@ use crate::config::BreakerConfig;
 
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use ledger::{Booking, Ledger};
-pub use snapshot_cell::{SnapshotCell, SnapshotReading};
+pub use snapshot_cell::{CellStamp, SnapshotCell, SnapshotReading};
 
 /// A polled snapshot together with the local instant its poll started, so
 /// its age can be measured on the monotonic clock.
@@ -86,6 +86,7 @@ impl Worker {
     /// A hash of the URL that every replica and every build computes alike
     /// ([`url_hash`]), computed once: rendezvous placement keys on it, so
     /// replicas place the same prompt on the same worker.
+    #[inline]
     pub fn url_hash(&self) -> u64 {
         self.url_hash
     }
@@ -106,6 +107,7 @@ impl Worker {
     }
 
     /// This replica's in-flight bookings on the worker.
+    #[inline]
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
@@ -117,6 +119,7 @@ impl Worker {
 
     /// The latest snapshot as policies read it: lock-free, no reference
     /// counting, no allocation (the per-request path).
+    #[inline]
     pub fn snapshot_cell(&self) -> &SnapshotCell {
         &self.snapshot_cell
     }

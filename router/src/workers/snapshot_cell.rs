@@ -1,19 +1,22 @@
 //! A worker's latest engine snapshot in the form policies read it: a
-//! seqlock over one cache line of atomics.
+//! seqlock over two cache lines of atomics.
 //!
 //! Every selection reads this for every candidate, so the read must be a
 //! handful of plain loads: no lock, no reference count on a shared cache
 //! line (an `ArcSwap` guard costs ~10 ns per worker, the whole budget at
-//! 1,024 workers). Readers retry if a writer was mid-store, so they never
-//! see a torn snapshot; writers (the load monitor, a few per second) take
-//! turns through the sequence number. All safe code: every field is atomic.
+//! 1,024 workers), no clock arithmetic (freshness is one comparison of
+//! stamps, [`CellStamp`]), no division (the [`LoadFigures`] are derived
+//! when the snapshot is stored). Readers retry if a writer was mid-store,
+//! so they never see a torn snapshot; writers (the load monitor, a few per
+//! second) take turns through the sequence number. All safe code: every
+//! field is atomic.
 
 use std::hint::spin_loop;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
-use shoal_proto::EngineLoad;
+use shoal_proto::{EngineLoad, LoadFigures};
 
 /// Encodes `None` (a real count never reaches it: counts are capped at 2^53).
 const NONE: u64 = u64::MAX;
@@ -28,6 +31,29 @@ fn epoch() -> Instant {
     })
 }
 
+/// An instant as the cell stores it: nanoseconds after the cell epoch plus
+/// one (instants before the epoch, an hour before first use, all map to 1),
+/// so a reader decides freshness by comparing two integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CellStamp(u64);
+
+impl CellStamp {
+    /// The stamp of every instant up to the cell epoch: as a freshness
+    /// cutoff it admits every stored snapshot.
+    pub const EARLIEST: CellStamp = CellStamp(1);
+
+    /// The stamp of `at`.
+    #[inline]
+    pub fn of(at: Instant) -> Self {
+        let since = at.saturating_duration_since(epoch()).as_nanos();
+        Self(u64::try_from(since).unwrap_or(NONE - 1).saturating_add(1))
+    }
+
+    fn instant(self) -> Instant {
+        epoch() + Duration::from_nanos(self.0 - 1)
+    }
+}
+
 /// What a policy needs of one stored snapshot.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SnapshotReading {
@@ -35,6 +61,8 @@ pub struct SnapshotReading {
     pub taken_at: Instant,
     /// The engine's validated signals.
     pub load: EngineLoad,
+    /// What they imply for scoring, derived when stored.
+    pub figures: LoadFigures,
 }
 
 /// The latest snapshot of one worker; see the module docs.
@@ -42,13 +70,15 @@ pub struct SnapshotReading {
 #[repr(align(64))]
 pub struct SnapshotCell {
     seq: AtomicU64,
-    /// Nanoseconds after [`epoch`] plus one; 0 = never stored.
+    /// A [`CellStamp`]; 0 = never stored.
     taken_at: AtomicU64,
     usage: AtomicU64,
     waiting: AtomicU64,
     queued: AtomicU64,
     running: AtomicU64,
     throughput: AtomicU64,
+    kv_odds: AtomicU64,
+    secs_per_token: AtomicU64,
 }
 
 fn count(value: Option<u64>) -> u64 {
@@ -63,11 +93,15 @@ fn some(raw: u64) -> Option<u64> {
     (raw != NONE).then_some(raw)
 }
 
+fn some_ratio(raw: u64) -> Option<f64> {
+    some(raw).map(f64::from_bits)
+}
+
 impl SnapshotCell {
     /// Replaces the snapshot with one polled at `taken_at`.
     pub fn store(&self, taken_at: Instant, load: &EngineLoad) {
-        let since = taken_at.saturating_duration_since(epoch()).as_nanos();
-        let stamp = u64::try_from(since).unwrap_or(NONE - 1).saturating_add(1);
+        let stamp = CellStamp::of(taken_at).0;
+        let figures = LoadFigures::of(load);
         let mut seq = self.seq.load(Ordering::Relaxed);
         loop {
             if seq & 1 == 0 {
@@ -96,11 +130,33 @@ impl SnapshotCell {
             .store(count(load.running_requests), Ordering::Relaxed);
         self.throughput
             .store(ratio(load.gen_throughput), Ordering::Relaxed);
+        self.kv_odds
+            .store(ratio(figures.kv_odds), Ordering::Relaxed);
+        self.secs_per_token
+            .store(ratio(figures.secs_per_token), Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
     /// The latest snapshot, if one was ever stored.
     pub fn read(&self) -> Option<SnapshotReading> {
+        let (stamp, load, figures) = self.read_stamped()?;
+        Some(SnapshotReading {
+            taken_at: stamp.instant(),
+            load,
+            figures,
+        })
+    }
+
+    /// The latest snapshot if it was polled at or after `fresh_from`:
+    /// what a selection reads, with no clock arithmetic.
+    #[inline]
+    pub fn read_fresh(&self, fresh_from: CellStamp) -> Option<(EngineLoad, LoadFigures)> {
+        let (stamp, load, figures) = self.read_stamped()?;
+        (stamp >= fresh_from).then_some((load, figures))
+    }
+
+    #[inline]
+    fn read_stamped(&self) -> Option<(CellStamp, EngineLoad, LoadFigures)> {
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
@@ -110,21 +166,25 @@ impl SnapshotCell {
                 let queued = self.queued.load(Ordering::Relaxed);
                 let running = self.running.load(Ordering::Relaxed);
                 let throughput = self.throughput.load(Ordering::Relaxed);
+                let kv_odds = self.kv_odds.load(Ordering::Relaxed);
+                let secs_per_token = self.secs_per_token.load(Ordering::Relaxed);
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == before {
                     if stamp == 0 {
                         return None;
                     }
-                    return Some(SnapshotReading {
-                        taken_at: epoch() + Duration::from_nanos(stamp - 1),
-                        load: EngineLoad {
-                            token_usage: some(usage).map(f64::from_bits),
-                            waiting_requests: some(waiting),
-                            queued_tokens: some(queued),
-                            running_requests: some(running),
-                            gen_throughput: some(throughput).map(f64::from_bits),
-                        },
-                    });
+                    let load = EngineLoad {
+                        token_usage: some_ratio(usage),
+                        waiting_requests: some(waiting),
+                        queued_tokens: some(queued),
+                        running_requests: some(running),
+                        gen_throughput: some_ratio(throughput),
+                    };
+                    let figures = LoadFigures {
+                        kv_odds: some_ratio(kv_odds),
+                        secs_per_token: some_ratio(secs_per_token),
+                    };
+                    return Some((CellStamp(stamp), load, figures));
                 }
             }
             spin_loop();
@@ -152,7 +212,18 @@ mod tests {
         cell.store(at, &load);
         let read = cell.read().unwrap();
         assert_eq!(read.load, load);
+        assert_eq!(read.figures, LoadFigures::of(&load));
         assert!(read.taken_at <= at && at - read.taken_at < Duration::from_micros(1));
+        let stamp = CellStamp::of(at);
+        assert!(
+            cell.read_fresh(stamp).is_some(),
+            "polled at the cutoff is fresh"
+        );
+        let later = CellStamp::of(at + Duration::from_nanos(10));
+        assert!(
+            cell.read_fresh(later).is_none(),
+            "polled before the cutoff is stale"
+        );
         cell.store(at, &EngineLoad::default());
         assert_eq!(cell.read().unwrap().load, EngineLoad::default());
     }

@@ -1,8 +1,9 @@
 use std::time::Instant;
 
 use super::*;
-use crate::fleet::{LocalFleet, WorkerLoad};
+use crate::fleet::{LocalFleet, Moment, WorkerLoad};
 use crate::policy::testkit::*;
+use shoal_proto::LoadFigures;
 
 const SYSTEM: &str = "You are a meticulous assistant for the Shoal project. Answer in \
     plain English, cite the architecture notes where they apply, and never guess \
@@ -190,11 +191,15 @@ fn partial_snapshot_coverage_skips_the_kv_terms() {
 struct Blind(LocalFleet);
 
 impl FleetView for Blind {
-    fn load(&self, worker: &Worker, now: Instant) -> WorkerLoad {
+    fn moment(&self, now: Instant) -> Moment {
+        self.0.moment(now)
+    }
+
+    fn load(&self, worker: &Worker, at: &Moment) -> WorkerLoad {
         WorkerLoad {
             engine: None,
-            snapshot_age: None,
-            ..self.0.load(worker, now)
+            figures: LoadFigures::default(),
+            ..self.0.load(worker, at)
         }
     }
 }

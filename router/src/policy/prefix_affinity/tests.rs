@@ -163,11 +163,9 @@ fn a_hot_prefix_spreads_by_running_requests_even_while_its_queue_is_empty() {
 
 #[test]
 fn the_load_bound_is_mtz_capacity_beside_the_wait_bound() {
-    let scores = Scores {
-        values: vec![1.0, 2.0, 3.0, f64::INFINITY],
-        requests: vec![10, 0, 5, 4],
-    };
-    let bound = LoadBound::over(&scores, 0.5, 0.25).unwrap();
+    let scores = [1.0, 2.0, 3.0, f64::INFINITY];
+    let requests = [10, 0, 5, 4];
+    let bound = LoadBound::over(&scores, &requests, 0.5, 0.25).unwrap();
     // Mean of the finite scores 2.0: 1.25 × 2.0 + 0.5.
     assert!((bound.wait - 3.0).abs() < 1e-12, "{bound:?}");
     // ⌈1.25 × (19 + 1) / 4⌉ = ⌈6.25⌉.
@@ -175,11 +173,8 @@ fn the_load_bound_is_mtz_capacity_beside_the_wait_bound() {
     assert!(bound.admits(3.0, 6));
     assert!(!bound.admits(3.0, 7), "at capacity");
     assert!(!bound.admits(3.1, 0), "past the wait bound");
-    let dark = Scores {
-        values: vec![f64::NAN, f64::INFINITY],
-        requests: vec![0, 0],
-    };
-    assert_eq!(LoadBound::over(&dark, 0.0, 0.25), None);
+    let dark = [f64::NAN, f64::INFINITY];
+    assert_eq!(LoadBound::over(&dark, &[0, 0], 0.0, 0.25), None);
 }
 
 #[test]
