@@ -1,7 +1,6 @@
 //! The fleet view of a meshed replica: every live verified replica's
 //! bookings and the freshest snapshot any of them polled.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{FleetView, Moment, WorkerLoad};
@@ -34,9 +33,5 @@ impl FleetView for MeshFleet {
             .filter(|s| at.is_fresh(s.taken_at))
             .map(|s| (s.load, s.figures));
         WorkerLoad::assemble(fleet.counts, fresh)
-    }
-
-    fn load_all(&self, workers: &[Arc<Worker>], at: &Moment, out: &mut Vec<WorkerLoad>) {
-        out.extend(workers.iter().map(|w| self.load(w, at)));
     }
 }

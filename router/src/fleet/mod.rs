@@ -95,9 +95,10 @@ pub trait FleetView: Send + Sync + std::fmt::Debug {
 
     /// The load of every worker in `workers`, in order, appended to `out`:
     /// what a policy that scores every candidate reads. One call per
-    /// selection instead of one per candidate, so the views below inline
-    /// their reads into one loop (a call per candidate, with its spills
-    /// and returned copies, cost as much as the reads themselves at 1,024
+    /// selection instead of one per candidate: this default is compiled
+    /// for each view with its `load` called statically, so the reads
+    /// inline into one loop (a call per candidate, with its spills and
+    /// returned copies, cost as much as the reads themselves at 1,024
     /// workers).
     fn load_all(&self, workers: &[Arc<Worker>], at: &Moment, out: &mut Vec<WorkerLoad>) {
         out.extend(workers.iter().map(|w| self.load(w, at)));
@@ -128,10 +129,6 @@ impl FleetView for LocalFleet {
             worker.ledger().counts(),
             worker.snapshot_cell().read_fresh(at.fresh_from_stamp()),
         )
-    }
-
-    fn load_all(&self, workers: &[Arc<Worker>], at: &Moment, out: &mut Vec<WorkerLoad>) {
-        out.extend(workers.iter().map(|w| self.load(w, at)));
     }
 }
 

@@ -21,7 +21,7 @@ use crate::config::BreakerConfig;
 
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use ledger::{Booking, Ledger};
-pub use snapshot_cell::{CellStamp, SnapshotCell, SnapshotReading};
+pub use snapshot_cell::{CellStamp, SnapshotCell};
 
 /// A polled snapshot together with the local instant its poll started, so
 /// its age can be measured on the monotonic clock.

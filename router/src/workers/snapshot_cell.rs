@@ -49,20 +49,10 @@ impl CellStamp {
         Self(u64::try_from(since).unwrap_or(NONE - 1).saturating_add(1))
     }
 
+    #[cfg(test)]
     fn instant(self) -> Instant {
         epoch() + Duration::from_nanos(self.0 - 1)
     }
-}
-
-/// What a policy needs of one stored snapshot.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SnapshotReading {
-    /// When the engine was polled (monotonic clock): age counts from here.
-    pub taken_at: Instant,
-    /// The engine's validated signals.
-    pub load: EngineLoad,
-    /// What they imply for scoring, derived when stored.
-    pub figures: LoadFigures,
 }
 
 /// The latest snapshot of one worker; see the module docs.
@@ -137,16 +127,6 @@ impl SnapshotCell {
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
-    /// The latest snapshot, if one was ever stored.
-    pub fn read(&self) -> Option<SnapshotReading> {
-        let (stamp, load, figures) = self.read_stamped()?;
-        Some(SnapshotReading {
-            taken_at: stamp.instant(),
-            load,
-            figures,
-        })
-    }
-
     /// The latest snapshot if it was polled at or after `fresh_from`:
     /// what a selection reads, with no clock arithmetic.
     #[inline]
@@ -156,6 +136,7 @@ impl SnapshotCell {
     }
 
     #[inline]
+    /// The latest snapshot with its poll stamp, if one was ever stored.
     fn read_stamped(&self) -> Option<(CellStamp, EngineLoad, LoadFigures)> {
         loop {
             let before = self.seq.load(Ordering::Acquire);
@@ -200,7 +181,7 @@ mod tests {
     #[test]
     fn round_trips_every_field_and_none() {
         let cell = SnapshotCell::default();
-        assert_eq!(cell.read(), None);
+        assert_eq!(cell.read_stamped(), None);
         let load = EngineLoad {
             token_usage: Some(0.73),
             waiting_requests: Some(3),
@@ -210,10 +191,11 @@ mod tests {
         };
         let at = Instant::now();
         cell.store(at, &load);
-        let read = cell.read().unwrap();
-        assert_eq!(read.load, load);
-        assert_eq!(read.figures, LoadFigures::of(&load));
-        assert!(read.taken_at <= at && at - read.taken_at < Duration::from_micros(1));
+        let (stamp, read_load, figures) = cell.read_stamped().unwrap();
+        let taken_at = stamp.instant();
+        assert_eq!(read_load, load);
+        assert_eq!(figures, LoadFigures::of(&load));
+        assert!(taken_at <= at && at - taken_at < Duration::from_micros(1));
         let stamp = CellStamp::of(at);
         assert!(
             cell.read_fresh(stamp).is_some(),
@@ -225,7 +207,7 @@ mod tests {
             "polled before the cutoff is stale"
         );
         cell.store(at, &EngineLoad::default());
-        assert_eq!(cell.read().unwrap().load, EngineLoad::default());
+        assert_eq!(cell.read_stamped().unwrap().1, EngineLoad::default());
     }
 
     #[test]
@@ -249,10 +231,10 @@ mod tests {
                 });
             }
             for _ in 0..50_000 {
-                if let Some(read) = cell.read() {
-                    let n = read.load.waiting_requests.unwrap();
-                    assert_eq!(read.load.queued_tokens, Some(n));
-                    assert_eq!(read.load.running_requests, Some(n));
+                if let Some((_, load, _)) = cell.read_stamped() {
+                    let n = load.waiting_requests.unwrap();
+                    assert_eq!(load.queued_tokens, Some(n));
+                    assert_eq!(load.running_requests, Some(n));
                 }
             }
         });
