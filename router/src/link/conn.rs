@@ -14,8 +14,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -85,17 +86,17 @@ impl Conn {
     }
 
     /// Reads more bytes into [`Conn::buf`]; `Ok(0)` is end-of-file.
+    ///
+    /// Through `AsyncRead::poll_read`, not `try_read_buf`: a read that
+    /// returns less than it asked for tells tokio the socket is drained, so
+    /// the next response is awaited without a read that can only fail with
+    /// `EAGAIN` (nginx's `ready` flag does the same). With `try_read_buf`
+    /// that failed read was one syscall of every proxied request.
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
             self.buf.reserve(READ_CHUNK);
         }
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read_buf(&mut self.buf) {
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return Poll::Ready(other),
-            }
-        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
     }
 
     /// [`Conn::poll_fill`] as a future.
