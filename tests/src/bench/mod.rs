@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod driver;
 pub mod plan;
 pub mod plot;
+pub mod pooled;
 pub mod report;
 pub mod summary;
 pub mod workload;

@@ -139,6 +139,10 @@ pub struct ScenarioResult {
     pub ttft_p50_ms: f64,
     /// Client TTFT p99, ms.
     pub ttft_p99_ms: f64,
+    /// Every completed request's client TTFT, ms (for pooling over seeds;
+    /// not written to the JSON).
+    #[serde(skip)]
+    pub ttft_samples_ms: Vec<f64>,
     /// Engine queue wait p50, ms.
     pub queue_p50_ms: f64,
     /// Engine queue wait p99, ms.
@@ -225,6 +229,7 @@ pub fn summarize(
         completed_rps: load.completed as f64 / secs,
         ttft_p50_ms: quantile(&load.ttft_ms, 0.5),
         ttft_p99_ms: quantile(&load.ttft_ms, 0.99),
+        ttft_samples_ms: load.ttft_ms.clone(),
         queue_p50_ms: quantile(&engines.queue_ms, 0.5),
         queue_p99_ms: quantile(&engines.queue_ms, 0.99),
         e2e_p99_ms: quantile(&load.e2e_ms, 0.99),

@@ -24,6 +24,7 @@ use serde_json::json;
 use shoal_tests::bench::cpu::clock_ticks_per_sec;
 use shoal_tests::bench::driver::LoadOptions;
 use shoal_tests::bench::plan::{parse_choices, seeds};
+use shoal_tests::bench::pooled::pooled_ratio;
 use shoal_tests::bench::report::{ScenarioResult, markdown_table, opt};
 use shoal_tests::bench::summary::{goal_lines, goals, summarize_seeds, summary_table};
 use shoal_tests::bench::workload::{Schedule, engine_capacity, mean_sizes};
@@ -60,7 +61,7 @@ struct Cli {
     seed: u64,
     /// Runs the whole plan once per seed (--seed, --seed + 1, ...) and
     /// summarizes each scenario by its median and range over seeds.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=10))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=30))]
     seeds: u16,
     /// Policies to compare (comma separated): least_load (size-skewed
     /// traffic), cache_aware (shared-prefix), least_load_vllm (least_load
@@ -84,6 +85,15 @@ struct Cli {
     /// Requests per scenario at most.
     #[arg(long, default_value_t = 20_000)]
     max_requests: usize,
+    /// Runs only the scenarios with these labels (comma separated: oracle,
+    /// no-mesh, mesh, mesh-1) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Also runs each choice on one meshed replica (`mesh-1`): the oracle's
+    /// traffic through the meshed fleet view. Separates what the mesh's
+    /// view costs from what splitting traffic over replicas costs.
+    #[arg(long)]
+    mesh_of_one: bool,
     /// Directory for fleet-bench.json and fleet-bench.png.
     #[arg(long, default_value = "target/fleet-bench")]
     out: PathBuf,
@@ -93,6 +103,26 @@ struct Cli {
     /// The shoal binary [default: `shoal` next to this program].
     #[arg(long, value_name = "PATH")]
     shoal_bin: Option<PathBuf>,
+}
+
+/// One line per non-oracle scenario with its pooled p99 ratio to the oracle.
+fn pooled_lines(results: &[ScenarioResult]) -> Vec<String> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in results.iter().filter(|r| r.label != "oracle") {
+        let key = (r.group.as_str(), r.label.as_str());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys.into_iter()
+        .filter_map(|(group, label)| {
+            let p = pooled_ratio(results, (group, label), (group, "oracle"), 42)?;
+            Some(format!(
+                "- {group}/{label}: pooled p99 × oracle {:.2} (90 % {:.2}–{:.2}, {} seeds)",
+                p.ratio, p.low, p.high, p.seeds
+            ))
+        })
+        .collect()
 }
 
 #[tokio::main]
@@ -119,6 +149,15 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     }
     if !(0.05..=2.0).contains(&cli.load) {
         return Err(format!("--load must be in 0.05..=2 (got {})", cli.load));
+    }
+    if let Some(bad) = cli
+        .only
+        .iter()
+        .find(|l| !["oracle", "no-mesh", "mesh", "mesh-1"].contains(&l.as_str()))
+    {
+        return Err(format!(
+            "--only: unknown scenario {bad:?} (oracle, no-mesh, mesh, mesh-1)"
+        ));
     }
     let choices = parse_choices(&cli.policies)?;
     let seeds = seeds(cli.seed, usize::from(cli.seeds));
@@ -183,8 +222,20 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 engines,
                 seed,
             ));
-            for spec in choice.scenarios(replicas) {
+            let [oracle, no_mesh, mesh] = choice.scenarios(replicas);
+            if cli.mesh_of_one {
+                let one = ScenarioSpec {
+                    label: "mesh-1".into(),
+                    mesh: true,
+                    ..oracle.clone()
+                };
+                plan.push((one, schedule.clone()));
+            }
+            for spec in [oracle, no_mesh, mesh] {
                 plan.push((spec, schedule.clone()));
+            }
+            if !cli.only.is_empty() {
+                plan.retain(|(spec, _)| cli.only.contains(&spec.label));
             }
         }
     }
@@ -266,6 +317,18 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         seeds.len()
     );
     print!("{}", summary_table(&summary));
+    if several {
+        let pooled = pooled_lines(&results);
+        if !pooled.is_empty() {
+            println!(
+                "\nPooled over seeds: each scenario's p99 TTFT over every request of every seed, \
+                 divided by the oracle's; 90 % interval from 2,000 resamples of the seeds.\n"
+            );
+            for line in pooled {
+                println!("{line}");
+            }
+        }
+    }
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
     let json_path = cli.out.join("fleet-bench.json");
     let doc = json!({
