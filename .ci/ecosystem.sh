@@ -95,6 +95,15 @@ for f in deploy/kubernetes/*.yaml; do
 done
 check "kubernetes-validate --strict -k $K8S_VERSION (${#manifests[@]} files)" \
   "$venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" "${manifests[@]}"
+# The base as `kubectl apply -k` sends it: rendered by kustomize, then
+# validated whole (namespaces, generated ConfigMap name, RBAC included).
+command -v kubectl >/dev/null || {
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
+} || die "kubectl is required (Debian package kubernetes-client)"
+check "kubectl kustomize deploy/kubernetes renders" \
+  sh -c "kubectl kustomize deploy/kubernetes >'$tmp/rendered.yaml'"
+check "kubernetes-validate --strict -k $K8S_VERSION (rendered base)" \
+  "$venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" "$tmp/rendered.yaml"
 check "compose-spec schema: deploy/compose/docker-compose.yaml" \
   "$venv/bin/check-jsonschema" --builtin-schema vendor.compose-spec deploy/compose/docker-compose.yaml
 
@@ -144,9 +153,11 @@ pids+=($!)
 # r3: the Kubernetes form: deploy/kubernetes/shoal.toml (its engines swapped
 # for the loopback ones, so nothing leaves the machine) plus the Deployment's
 # mesh variables, advertise host included.
-sed "s|^worker-urls = .*|worker-urls = [\"${engines[0]}\", \"${engines[1]}\"]|" \
-  deploy/kubernetes/shoal.toml >"$tmp/shoal.toml"
-grep -q "^worker-urls = \[\"${engines[0]}\"" "$tmp/shoal.toml" || die "could not swap worker-urls in shoal.toml"
+{
+  grep -v '^discovery' deploy/kubernetes/shoal.toml
+  echo "worker-urls = [\"${engines[0]}\", \"${engines[1]}\"]"
+} >"$tmp/shoal.toml"
+grep -q '^discovery' deploy/kubernetes/shoal.toml || die "shoal.toml no longer configures discovery: update this swap"
 env SHOAL_CONFIG="$tmp/shoal.toml" SHOAL_HOST=127.0.0.1 SHOAL_PORT="$h3" \
   SHOAL_MESH_HOST=127.0.0.1 SHOAL_MESH_ADVERTISE_HOST=127.0.0.1 SHOAL_MESH_NAME="r3.$domain" \
   SHOAL_MESH_PORT="$g3" SHOAL_MESH_QUIC_PORT="$q3" SHOAL_MESH_PEER_URLS="$seeds" \
@@ -169,7 +180,7 @@ echo "ready: ${urls[*]}"
 
 # Some traffic on every replica: non-stream, stream, and one bad body (400).
 traffic() {
-  local u code body='{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8'
+  local u code body='{"model":"mock/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":8'
   for u in "${urls[@]}"; do
     for _ in 1 2 3; do
       curl -fsS --max-time 20 "$u/v1/chat/completions" -H 'content-type: application/json' \
@@ -199,7 +210,7 @@ missing=$(awk '/^# TYPE /{print $3}' "$tmp/metrics.txt" | while read -r m; do
 [ -z "$missing" ] || echo "WARN: README metrics table lacks: $missing"
 
 echo "== openai SDK"
-check "openai SDK: chat, chat stream, completions, completions stream, models" \
+check "openai SDK: chat, completions, responses (each also streamed), embeddings, models" \
   "$py" "$here/test_openai.py" "${urls[@]}"
 
 summary

@@ -3,7 +3,8 @@
   python test_openai.py URL [URL...]    (each URL is a replica, http://host:port)
 
 Every check runs on every replica: chat non-stream and stream, completions
-non-stream and stream, /v1/models. Content must be non-empty and `usage`
+non-stream and stream, /v1/models, responses (non-stream and
+stream) and embeddings. Content must be non-empty and `usage`
 present and consistent (stream usage via stream_options.include_usage).
 Ends with "openai: N passed, N failed"; exit 1 on any failure.
 """
@@ -91,6 +92,32 @@ def completions_stream(client, model, prompt_tokens):
     assert usage.prompt_tokens == prompt_tokens, f"completions stream: prompt {usage.prompt_tokens} != {prompt_tokens}"
 
 
+def responses(client, model):
+    r = client.responses.create(model=model, input=PROMPT, max_output_tokens=MAX_TOKENS)
+    assert r.object == "response", r.object
+    assert r.status == "completed", r.status
+    assert r.output_text, "responses: empty output_text"
+    assert r.usage and r.usage.output_tokens > 0, f"responses: usage {r.usage}"
+
+
+def responses_stream(client, model):
+    deltas, completed = [], None
+    events = client.responses.create(model=model, input=PROMPT, max_output_tokens=MAX_TOKENS, stream=True)
+    for event in events:
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        elif event.type == "response.completed":
+            completed = event.response
+    assert deltas, "responses stream: no text deltas"
+    assert completed is not None and completed.output_text == "".join(deltas), "responses stream: final text"
+
+
+def embeddings(client, model):
+    r = client.embeddings.create(model=model, input=["hello", "world"][:1])
+    assert r.data and len(r.data[0].embedding) > 0, "embeddings: no vector"
+    assert r.usage.prompt_tokens > 0, f"embeddings: usage {r.usage}"
+
+
 def main(urls):
     passed = failed = 0
     for url in urls:
@@ -102,6 +129,9 @@ def main(urls):
             ("chat stream", lambda: chat_stream(client, state["model"], state["chat"])),
             ("completions", lambda: state.update(comp=completions(client, state["model"]))),
             ("completions stream", lambda: completions_stream(client, state["model"], state["comp"])),
+            ("responses", lambda: responses(client, state["model"])),
+            ("responses stream", lambda: responses_stream(client, state["model"])),
+            ("embeddings", lambda: embeddings(client, state["model"])),
         ]
         for name, check in checks:
             try:

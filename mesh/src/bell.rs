@@ -43,10 +43,10 @@ impl ChangeBell {
         if self.pending.swap(true, Ordering::SeqCst) {
             return;
         }
-        if self.idle.load(Ordering::SeqCst) {
-            if let Some(thread) = self.announcer.get() {
-                thread.unpark();
-            }
+        if self.idle.load(Ordering::SeqCst)
+            && let Some(thread) = self.announcer.get()
+        {
+            thread.unpark();
         }
     }
 }

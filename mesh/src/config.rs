@@ -120,6 +120,10 @@ pub struct MeshConfig {
     /// stopped refreshing. Must exceed the anti-entropy interval (full
     /// syncs refresh live entries). Default 10 min.
     pub forget_after: Duration,
+    /// How long a worker removed from the fleet-wide worker set stays
+    /// removed (its tombstone) before it is forgotten and a seed or
+    /// discovery may bring it back. Default [`DEFAULT_WORKER_REMOVAL_TTL`].
+    pub worker_removal_ttl: Duration,
     /// Test hook: sees every received update before it is merged.
     #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
@@ -152,6 +156,11 @@ impl std::fmt::Debug for MeshConfig {
 /// tests/BENCHMARKS.md).
 pub const DEFAULT_PUSH_MIN_GAP_MS: u64 = 4;
 
+/// Default time a removed worker stays removed fleet-wide (one hour: long
+/// past any partition the mesh rides out, short enough that the tombstones
+/// of an autoscaled fleet stay few).
+pub const DEFAULT_WORKER_REMOVAL_TTL: Duration = Duration::from_secs(3600);
+
 impl MeshConfig {
     /// A config with the default timings; addresses and TLS must be given.
     pub fn new(
@@ -179,6 +188,7 @@ impl MeshConfig {
             link_keepalive: Duration::from_millis(500),
             seed_refresh_interval: Duration::from_secs(30),
             forget_after: Duration::from_secs(600),
+            worker_removal_ttl: DEFAULT_WORKER_REMOVAL_TTL,
             #[cfg(feature = "testsuite")]
             tap: None,
             #[cfg(feature = "testsuite")]
@@ -205,6 +215,7 @@ impl MeshConfig {
             ("link_idle_timeout", self.link_idle_timeout),
             ("link_keepalive", self.link_keepalive),
             ("seed_refresh_interval", self.seed_refresh_interval),
+            ("worker_removal_ttl", self.worker_removal_ttl),
         ];
         for (name, value) in positive {
             if value.is_zero() {

@@ -24,6 +24,7 @@ use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
+use crate::worker_set::SharedWorkerSet;
 
 /// What chitchat says about one incarnation (hints only: unauthenticated).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +97,8 @@ pub(crate) struct Core {
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// Bumped when own slots changed (see `bell`): every link pushes.
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The fleet-wide worker set; its changes ring `changes` too.
+    pub(crate) worker_set: SharedWorkerSet,
 }
 
 impl std::fmt::Debug for Core {
@@ -107,8 +110,16 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    pub(crate) fn new(me: Incarnation, cluster_id: String, forget_after: Duration) -> Self {
+    pub(crate) fn new(
+        me: Incarnation,
+        cluster_id: String,
+        forget_after: Duration,
+        worker_removal_ttl: Duration,
+    ) -> Self {
         let members = vec![me.name.clone()];
+        let changes = Arc::new(tokio::sync::watch::Sender::new(0));
+        let worker_set =
+            SharedWorkerSet::with_bell(me.name.clone(), worker_removal_ttl, Some(changes.clone()));
         Self {
             me,
             cluster_id,
@@ -122,7 +133,8 @@ impl Core {
             tap: None,
             forget_after,
             shutdown: tokio::sync::watch::Sender::new(false),
-            changes: Arc::new(tokio::sync::watch::Sender::new(0)),
+            changes,
+            worker_set,
         }
     }
 

@@ -102,10 +102,10 @@ pub(crate) fn stale_basis_tokens(tables: &Tables, me: &Incarnation, entry: &Work
         stale = stale.saturating_add(own.dispatched_since_poll);
     }
     for inc in tables.counted.iter().filter(|inc| *inc != me) {
-        if let Some(slot) = tables.state.slot(inc, &entry.key) {
-            if slot.basis_ms < freshest {
-                stale = stale.saturating_add(slot.counts.dispatched_since_poll);
-            }
+        if let Some(slot) = tables.state.slot(inc, &entry.key)
+            && slot.basis_ms < freshest
+        {
+            stale = stale.saturating_add(slot.counts.dispatched_since_poll);
         }
     }
     stale

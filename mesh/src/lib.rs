@@ -40,9 +40,11 @@ mod telemetry;
 mod timings;
 pub mod tls;
 mod wire;
+pub mod worker_set;
 
 pub use config::{
-    DEFAULT_PUSH_MIN_GAP_MS, FailureDetectorSettings, MeshConfig, PemSource, TlsConfig,
+    DEFAULT_PUSH_MIN_GAP_MS, DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig,
+    PemSource, TlsConfig,
 };
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};
@@ -53,3 +55,4 @@ pub use status::{Footprint, MemberStatus, MeshStatus, ReplicaShare, SnapshotStat
 #[cfg(feature = "testsuite")]
 pub use tap::FrameTap;
 pub use telemetry::{TrafficStatus, describe_metrics};
+pub use worker_set::SharedWorkerSet;

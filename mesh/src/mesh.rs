@@ -29,6 +29,7 @@ use crate::membership::{
 use crate::push::LinkTimings;
 use crate::slot::{PollStamp, WorkerSlot};
 use crate::status::{self, Footprint, MeshStatus};
+use crate::worker_set::SharedWorkerSet;
 use crate::{timings, tls};
 
 /// Why a mesh could not start.
@@ -196,7 +197,12 @@ impl Mesh {
         let ip = advertise_ip(&config).await?;
         let me = Incarnation::new(config.node_name.as_str(), next_generation(0));
         #[allow(unused_mut)] // mutated only with the test hooks
-        let mut core = Core::new(me.clone(), config.cluster_id.clone(), config.forget_after);
+        let mut core = Core::new(
+            me.clone(),
+            config.cluster_id.clone(),
+            config.forget_after,
+            config.worker_removal_ttl,
+        );
         #[cfg(feature = "testsuite")]
         {
             core.tap = config.tap.clone();
@@ -313,6 +319,13 @@ impl Mesh {
     /// QUIC load-plane address peers use for this node.
     pub fn quic_addr(&self) -> SocketAddr {
         self.quic_addr
+    }
+
+    /// The fleet-wide worker set this node shares with its peers: its
+    /// changes are pushed to every verified peer at once, and the peers'
+    /// arrive merged (see `worker_set`).
+    pub fn worker_set(&self) -> SharedWorkerSet {
+        self.core.worker_set.clone()
     }
 
     /// The handle of worker `key` (its base URL), registered if new. Hold it:

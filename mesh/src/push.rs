@@ -13,7 +13,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use quinn::{Connection, SendStream};
-use shoal_proto::frames::{BasisEntry, Frame, KeyDef, SlotEntry, SnapshotEntry, Update};
+use shoal_proto::frames::{
+    BasisEntry, Frame, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetFrame,
+};
 use tokio::sync::watch;
 use tokio::time::{MissedTickBehavior, interval};
 
@@ -159,7 +161,7 @@ fn build(core: &Core, sent: &mut Sent, full: bool) -> Vec<Update> {
     }
     // The lag telemetry needs one sample in a few pushes, not 8 bytes in
     // every one (pushes on change are small: the field was ~15 % of them).
-    let lag_sample = round % LAG_SAMPLE_EVERY == 0 || full;
+    let lag_sample = round.is_multiple_of(LAG_SAMPLE_EVERY) || full;
     for update in &mut out {
         update.round = round;
         update.prev_read_at_unix_us = if lag_sample { sent.last_read_us } else { 0 };
@@ -175,6 +177,35 @@ async fn send_all(
 ) -> Result<(), StreamError> {
     for update in updates {
         let bytes = write_frame(stream, &Frame::Update(update)).await?;
+        core.telemetry.frame_sent(bytes);
+    }
+    Ok(())
+}
+
+/// Sends the whole worker set when it changed since `sent_version` (or
+/// always, when `full`), in frames of [`ENTRIES_PER_FRAME`] entries. The
+/// set is small and changes rarely (admins), so a change resends it whole:
+/// no per-link change tracking to get wrong.
+async fn send_worker_set(
+    core: &Core,
+    stream: &mut SendStream,
+    sent_version: &mut Option<u64>,
+    full: bool,
+) -> Result<(), StreamError> {
+    let version = core.worker_set.version();
+    if !full && *sent_version == Some(version) {
+        return Ok(());
+    }
+    let entries = core.worker_set.lock().to_entries();
+    *sent_version = Some(version);
+    if entries.is_empty() && !full {
+        return Ok(());
+    }
+    for chunk in entries.chunks(ENTRIES_PER_FRAME) {
+        let frame = Frame::Workers(WorkerSetFrame {
+            entries: chunk.to_vec(),
+        });
+        let bytes = write_frame(stream, &frame).await?;
         core.telemetry.frame_sent(bytes);
     }
     Ok(())
@@ -206,7 +237,9 @@ pub(crate) async fn push(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), StreamError> {
     let mut sent = Sent::default();
+    let mut set_version = None;
     send_all(core, stream, build(core, &mut sent, true)).await?;
+    send_worker_set(core, stream, &mut set_version, false).await?;
     let mut sync = interval(timings.sync);
     sync.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut full = interval(timings.anti_entropy);
@@ -232,6 +265,7 @@ pub(crate) async fn push(
                 }
                 let updates = build(core, &mut sent, false);
                 send_all(core, stream, updates).await?;
+                send_worker_set(core, stream, &mut set_version, false).await?;
                 wire.record(core, conn);
                 // The periodic push is a heartbeat: due one interval after
                 // the last push.
@@ -245,6 +279,7 @@ pub(crate) async fn push(
             _ = full.tick() => {
                 let updates = build(core, &mut sent, true);
                 send_all(core, stream, updates).await?;
+                send_worker_set(core, stream, &mut set_version, true).await?;
             }
             changed = stop.changed() => {
                 if changed.is_err() {

@@ -214,6 +214,12 @@ async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut 
                 tracing::info!(peer = %peer, "mesh peer left");
                 return;
             }
+            Ok(Read::Frame(Frame::Workers(frame), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                for refused in core.worker_set.merge(&frame.entries) {
+                    core.telemetry.dropped(refused.reason());
+                }
+            }
             Ok(Read::Frame(Frame::Hello(_), _)) => core.telemetry.dropped("unexpected_hello"),
             Ok(Read::Bad(e)) => {
                 tracing::debug!(peer = %peer, error = %e, "mesh frame dropped");

@@ -48,6 +48,35 @@ pub enum Frame {
     Update(Update),
     /// The sender is leaving the cluster gracefully: stop counting it now.
     Bye,
+    /// The sender's copy of the fleet-wide worker set (added after wire
+    /// version 2 shipped, as the last variant: a build without it drops
+    /// these frames as undecodable, counted, and keeps the session, so
+    /// replicas of both builds still share load during a rolling upgrade).
+    Workers(WorkerSetFrame),
+}
+
+/// Entries of the fleet-wide worker set (what admins added and removed on
+/// any replica), each a last-writer-wins register per worker URL. A frame
+/// may carry part of the set; every entry merges on its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSetFrame {
+    /// The entries.
+    pub entries: Vec<WorkerSetEntry>,
+}
+
+/// One worker URL's register: whether it is in the set, and the stamp of
+/// the write that said so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSetEntry {
+    /// The worker's base URL (at most [`MAX_KEY_BYTES`]).
+    pub url: String,
+    /// Hybrid logical clock of the write: µs since the Unix epoch on the
+    /// writer's clock, raised past every stamp it had seen.
+    pub hlc_us: u64,
+    /// Node name of the writer (ties between equal clocks break on it).
+    pub origin: String,
+    /// Added (`true`) or removed (`false`, a tombstone).
+    pub present: bool,
 }
 
 /// The sender's identity, checked against its certificate and gossip entry.
@@ -328,6 +357,25 @@ mod tests {
         207, 139, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 208, 63, 0, 0, 0, 0, 253, 0, 104, 229,
         207, 139, 1, 0, 0,
     ];
+
+    /// The worker-set variant, appended after version 2 shipped: variant
+    /// 3, then one entry {"u", hlc 5, "a", true}. Frames of the other
+    /// variants keep their bytes (checked above), which is what lets a
+    /// build without it keep its sessions with one that has it.
+    #[test]
+    fn the_worker_set_variant_is_appended_without_changing_the_others() {
+        let frame = Frame::Workers(WorkerSetFrame {
+            entries: vec![WorkerSetEntry {
+                url: "u".into(),
+                hlc_us: 5,
+                origin: "a".into(),
+                present: true,
+            }],
+        });
+        let bytes = encode(&frame).unwrap();
+        assert_eq!(bytes, [2, 3, 1, 1, b'u', 5, 1, b'a', 1]);
+        assert_eq!(decode(&bytes).unwrap(), frame);
+    }
 
     #[test]
     fn rejects_other_versions_and_trailing_bytes() {

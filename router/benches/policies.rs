@@ -54,6 +54,7 @@ fn prompt(i: u64) -> RequestInfo {
         max_output_tokens: Some(256),
         stream: true,
         text: Some(text),
+        ..RequestInfo::default()
     }
 }
 

@@ -8,14 +8,15 @@ use tokio::net::TcpListener;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use shoal_mesh::Readiness;
+use shoal_mesh::{Readiness, SharedWorkerSet};
 
-use crate::config::Config;
+use crate::config::{Config, DiscoveryKind};
 use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
 use crate::request::Route;
 use crate::serving::{self, IoThreads};
+use crate::sources::{WorkerSources, kubernetes};
 use crate::workers::Registry;
 use crate::workers::health;
 use crate::{load, policy, proxy, telemetry, upstream};
@@ -62,12 +63,24 @@ impl Server {
             addr: "the given listener".into(),
             source,
         })?;
-        let mesh = mesh_setup::start(&config.mesh, http_addr).await?;
+        let removal_ttl = config.discovery.worker_removal_ttl();
+        let mesh = mesh_setup::start(&config.mesh, http_addr, removal_ttl).await?;
         let registry = Arc::new(Registry::with_mesh(
             &config.worker_urls,
             config.breaker.clone(),
             mesh.clone(),
             config.load.polls_engines(),
+        ));
+        let policy = policy::build(&config.routing);
+        let worker_set = match &mesh {
+            Some(mesh) => mesh.worker_set(),
+            None => SharedWorkerSet::local(config.mesh.node_name(), removal_ttl),
+        };
+        let sources = Arc::new(WorkerSources::new(
+            registry.clone(),
+            policy.clone(),
+            worker_set,
+            &config.worker_urls,
         ));
         let fleet: Arc<dyn FleetView> = match &mesh {
             Some(_) => Arc::new(MeshFleet::new(config.load.stale_after())),
@@ -86,7 +99,8 @@ impl Server {
             Route::ALL.map(|route| Arc::new(telemetry::RouteMetrics::register(route.label())));
         let state = AppState {
             registry,
-            policy: policy::build(&config.routing),
+            sources,
+            policy,
             fleet,
             forwarder,
             side_client: upstream::build_client(connect_timeout),
@@ -131,6 +145,13 @@ impl Server {
             upstream::build_client(connect_timeout),
             load::MonitorConfig::new(&config.load, config.mesh.node_name(), state.mesh.clone()),
         ));
+        background.spawn(state.sources.clone().run());
+        if config.discovery.discovery == DiscoveryKind::Kubernetes {
+            background.spawn(kubernetes::run(
+                config.discovery.clone(),
+                state.sources.clone(),
+            ));
+        }
         if let Some(upkeep) = state.policy.background_task() {
             background.spawn(upkeep);
         }

@@ -108,6 +108,22 @@ impl ApiError {
         )
     }
 
+    /// 404 `model_not_found`: no worker serves `model`; the message lists
+    /// what is served (OpenAI's code for an unknown model).
+    pub fn model_not_found(model: &str, served: &[impl AsRef<str>]) -> Self {
+        let served: Vec<&str> = served.iter().map(AsRef::as_ref).collect();
+        let list = match served.is_empty() {
+            true => "no worker lists any model".to_string(),
+            false => format!("served: {}", served.join(", ")),
+        };
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("The model `{model}` does not exist on any worker ({list})."),
+        )
+    }
+
     /// 405: known path, wrong method.
     pub fn method_not_allowed() -> Self {
         Self::new(

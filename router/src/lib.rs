@@ -20,6 +20,7 @@ pub mod policy;
 pub mod proxy;
 pub mod request;
 pub mod serving;
+pub mod sources;
 pub mod telemetry;
 pub mod upstream;
 pub mod url;

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_mesh::{Mesh, MeshConfig, PemSource, TlsConfig};
 
@@ -18,8 +19,13 @@ fn pem(path: &Option<std::path::PathBuf>, flag: &str) -> Result<PemSource, MeshS
         .ok_or_else(|| MeshStartError(format!("{flag} is required")))
 }
 
-/// Builds the mesh configuration from the flags.
-pub fn mesh_config(args: &MeshArgs, http_addr: SocketAddr) -> Result<MeshConfig, MeshStartError> {
+/// Builds the mesh configuration from the flags; `worker_removal_ttl` is
+/// how long the fleet-wide worker set keeps a removal.
+pub fn mesh_config(
+    args: &MeshArgs,
+    http_addr: SocketAddr,
+    worker_removal_ttl: Duration,
+) -> Result<MeshConfig, MeshStartError> {
     let tls = TlsConfig {
         ca: pem(&args.mesh_tls_ca, "--mesh-tls-ca")?,
         cert: pem(&args.mesh_tls_cert, "--mesh-tls-cert")?,
@@ -37,6 +43,7 @@ pub fn mesh_config(args: &MeshArgs, http_addr: SocketAddr) -> Result<MeshConfig,
     mesh.sync_interval = args.sync_interval();
     mesh.push_min_gap = args.push_min_gap();
     mesh.version = env!("CARGO_PKG_VERSION").to_string();
+    mesh.worker_removal_ttl = worker_removal_ttl;
     let advertised_http = match &args.mesh_advertise_host {
         Some(host) if http_addr.ip().is_unspecified() => format!("{host}:{}", http_addr.port()),
         _ => http_addr.to_string(),
@@ -50,11 +57,12 @@ pub fn mesh_config(args: &MeshArgs, http_addr: SocketAddr) -> Result<MeshConfig,
 pub async fn start(
     args: &MeshArgs,
     http_addr: SocketAddr,
+    worker_removal_ttl: Duration,
 ) -> Result<Option<Arc<Mesh>>, MeshStartError> {
     if !args.enabled() {
         return Ok(None);
     }
-    let mesh_config = mesh_config(args, http_addr)?;
+    let mesh_config = mesh_config(args, http_addr, worker_removal_ttl)?;
     let mesh = Mesh::start(mesh_config)
         .await
         .map_err(|e| MeshStartError(e.to_string()))?;

@@ -47,6 +47,10 @@ pub const ENGINE_QUEUED_TOKENS: &str = "shoal_engine_queued_tokens";
 pub const WORKERS: &str = "shoal_workers";
 /// Inference requests refused by overload admission, by reason.
 pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
+/// Counter of discovery failures, by kind (client, list, watch_start, gone, ...).
+pub const DISCOVERY_ERRORS_TOTAL: &str = "shoal_discovery_errors_total";
+/// Gauge: Ready endpoints discovery found at its last change.
+pub const DISCOVERED_ENDPOINTS: &str = "shoal_discovered_endpoints";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -154,6 +158,24 @@ fn describe() {
         ADMISSION_REJECTED_TOTAL,
         "Inference requests refused by overload admission (--max-concurrent-requests): queue_full (429), queue_timeout (503) or fleet_saturated (503, --worker-max-inflight)."
     );
+    describe_counter!(
+        DISCOVERY_ERRORS_TOTAL,
+        "Kubernetes discovery failures by kind: client (no credentials), list, watch_start, gone (410, re-listed), watch_status, watch_failed, no_resource_version. The watch retries with backoff and keeps the last known endpoints."
+    );
+    describe_gauge!(
+        DISCOVERED_ENDPOINTS,
+        "Ready endpoints Kubernetes discovery found at its last change."
+    );
+}
+
+/// Counts one discovery failure of `kind`.
+pub fn discovery_error(kind: &'static str) {
+    counter!(DISCOVERY_ERRORS_TOTAL, "kind" => kind).increment(1);
+}
+
+/// Records how many Ready endpoints discovery found.
+pub fn discovered_endpoints(count: usize) {
+    gauge!(DISCOVERED_ENDPOINTS).set(count as f64);
 }
 
 /// Records one request refused by overload admission.

@@ -277,12 +277,17 @@ async fn a_refused_worker_is_not_booked_during_the_retry_backoff() {
 #[tokio::test]
 async fn unknown_route_and_wrong_method_get_openai_errors() {
     let router = Router::start(&base_args::<&str>(&[])).await;
-    let response = reqwest::get(router.url("/v1/nothing")).await.unwrap();
+    let response = reqwest::get(router.url("/nothing")).await.unwrap();
     assert_openai_error(response, 404, "not_found").await;
-    let response = reqwest::get(router.url("/v1/chat/completions"))
+    let response = reqwest::Client::new()
+        .post(router.url("/health"))
+        .send()
         .await
         .unwrap();
     assert_openai_error(response, 405, "method_not_allowed").await;
+    // Under /v1/ an unknown route is proxied (here: to no worker at all).
+    let response = reqwest::get(router.url("/v1/nothing")).await.unwrap();
+    assert_openai_error(response, 503, "no_available_workers").await;
 }
 
 #[tokio::test]

@@ -3,5 +3,6 @@
 pub mod bench;
 pub mod client;
 pub mod fleet;
+pub mod kube_api;
 pub mod mock;
 pub mod workload;

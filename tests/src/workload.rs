@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::client::{ClientError, HttpClient, SseStream};
+use crate::mock::DEFAULT_MODEL;
 
 /// `chars` characters of text unique to `seed` (no accidental prefix hits).
 pub fn text(seed: u64, chars: usize) -> String {
@@ -20,10 +21,10 @@ pub fn text(seed: u64, chars: usize) -> String {
         .collect()
 }
 
-/// A chat request body with one user message.
+/// A chat request body with one user message, for the mock engines' model.
 pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
     json!({
-        "model": "mock",
+        "model": DEFAULT_MODEL,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "stream": stream,

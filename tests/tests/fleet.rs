@@ -127,7 +127,10 @@ async fn imbalance_probes(mesh: bool) -> Vec<usize> {
         }
     }
     let b_url = s.engines[1].url();
-    for r in 0..3 {
+    // Meshed, one POST adds B on every replica (the worker set is
+    // fleet-wide); alone, each replica needs its own.
+    let posting = if mesh { 0..1 } else { 0..3 };
+    for r in posting {
         let resp = s
             .client
             .post_json(
@@ -137,6 +140,21 @@ async fn imbalance_probes(mesh: bool) -> Vec<usize> {
             .await
             .unwrap();
         assert_eq!(resp.status, 201, "{}", resp.text());
+    }
+    for r in 0..3 {
+        wait_for(
+            "every replica lists B",
+            Duration::from_secs(1),
+            async || {
+                let resp = s
+                    .client
+                    .get(&format!("{}/workers", s.fleet.url(r)))
+                    .await
+                    .ok()?;
+                resp.text().contains(&b_url).then_some(())
+            },
+        )
+        .await;
     }
     let mut probes = Vec::new();
     for r in 0..3 {

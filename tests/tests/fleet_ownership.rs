@@ -8,19 +8,18 @@ mod fleet_support;
 use std::time::Duration;
 
 use fleet_support::{engines, run, start, wait_for};
-use serde_json::json;
 
 const POLL_MS: u64 = 200;
 /// `--load-stale-after-ms` defaults to three poll intervals.
 const STALE_MS: u64 = 3 * POLL_MS;
 
-/// A worker added with `POST /workers` on replica `b` only: every replica
+/// A worker only replica `b` routes to (in its own `--worker-urls`): every replica
 /// agrees `b` owns it (it is the only poller), and `b`'s snapshot of it
 /// stays younger than the stale limit for seconds on end. (Were ownership
 /// computed over all members, the owner would be `a` or `c` two times in
 /// three; `b` would poll it only after the snapshot went stale.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_added_on_one_replica_is_owned_by_it_and_stays_lit() {
+async fn a_worker_seeded_on_one_replica_is_owned_by_it_and_stays_lit() {
     run(async {
         let poll = POLL_MS.to_string();
         let s = start(
@@ -38,15 +37,14 @@ async fn a_worker_added_on_one_replica_is_owned_by_it_and_stays_lit() {
         )
         .await;
         let extra = s.engines[2].url();
-        let added = s
-            .client
-            .post_json(
-                &format!("{}/workers", s.fleet.url(1)),
-                &json!({ "url": extra }),
-            )
-            .await
-            .unwrap();
-        assert_eq!(added.status, 201, "{}", added.text());
+        // Only b routes to the extra worker: it is in b's own seeds (an
+        // admin add would reach every replica through the worker set).
+        let mut s = s;
+        let seeds = [0, 1, 2].map(|i| s.engines[i].url()).join(",");
+        s.fleet.kill9(1).unwrap();
+        s.fleet.append_args(1, ["--worker-urls".to_string(), seeds]);
+        s.fleet.restart(1).await.unwrap();
+        s.fleet.wait_meshed(Duration::from_secs(15)).await.unwrap();
         for i in 0..3 {
             wait_for(
                 "every replica sees b as the only poller and the owner",

@@ -546,3 +546,76 @@ async fn load_endpoint_hits_are_counted() {
         assert_eq!(v["load_polls"], load_paths.len() as u64, "{flavor}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_and_embeddings_answer_in_the_openai_shapes() {
+    let h = start(fast(Flavor::Vllm)).await;
+    let client = HttpClient::new();
+    let url = format!("{}/v1/responses", h.url());
+    let messages =
+        json!([{"role": "user", "content": [{"type": "input_text", "text": "abcdefgh"}]}]);
+    let r = client
+        .post_json(
+            &url,
+            &json!({"model": "m", "input": messages, "max_output_tokens": 3}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json().unwrap();
+    assert_eq!(
+        (v["object"].as_str(), v["status"].as_str()),
+        (Some("response"), Some("completed"))
+    );
+    assert_eq!(v["output"][0]["content"][0]["text"], "tok tok tok ");
+    assert_eq!(
+        (
+            v["usage"]["input_tokens"].as_u64(),
+            v["usage"]["output_tokens"].as_u64()
+        ),
+        (Some(2), Some(3))
+    );
+
+    let events = read_stream(
+        &client,
+        &url,
+        &json!({"input": "hi", "max_output_tokens": 2, "stream": true}),
+    )
+    .await;
+    let types: Vec<String> = events
+        .iter()
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(e).ok()?["type"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(types.first().map(String::as_str), Some("response.created"));
+    assert_eq!(types.last().map(String::as_str), Some("response.completed"));
+    assert!(types.iter().any(|t| t == "response.output_text.delta"));
+
+    let url = format!("{}/v1/embeddings", h.url());
+    let r = client
+        .post_json(&url, &json!({"model": "m", "input": "hello there"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json().unwrap();
+    assert_eq!(v["data"][0]["embedding"].as_array().map(Vec::len), Some(8));
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    let again = client
+        .post_json(&url, &json!({"input": "hello there"}))
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        again["data"][0]["embedding"], v["data"][0]["embedding"],
+        "deterministic"
+    );
+    let streamed = client
+        .post_json(&url, &json!({"input": "x", "stream": true}))
+        .await
+        .unwrap();
+    assert_eq!(streamed.status, 400, "embeddings do not stream");
+}

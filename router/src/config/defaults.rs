@@ -133,3 +133,7 @@ pub const DRAIN_SETTLE_SECS: u64 = 5;
 
 /// Characters per token in the prompt-token estimate (see `request::estimate`).
 pub const CHARS_PER_TOKEN: u64 = 4;
+
+/// Seconds an admin removal of a worker lasts fleet-wide (the mesh's own
+/// default, so one number holds with or without a mesh).
+pub const WORKER_REMOVAL_TTL_SECS: u64 = shoal_mesh::DEFAULT_WORKER_REMOVAL_TTL.as_secs();

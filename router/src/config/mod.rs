@@ -11,7 +11,8 @@
 //! worker's breaker
 //! [`BreakerConfig`], the health checker [`HealthConfig`], the load monitor
 //! and fleet view [`LoadPollConfig`], the admission gate
-//! [`AdmissionConfig`], the mesh [`MeshArgs`]. A group's fields are named
+//! [`AdmissionConfig`], the mesh [`MeshArgs`], the worker sources and
+//! discovery [`DiscoveryConfig`]. A group's fields are named
 //! after their flags (`retry_max_retries` is `--retry-max-retries`), so one
 //! grep finds both; durations are stored as the flag's number and read
 //! through a method (`RetryConfig::initial_backoff`). Consumers import their
@@ -19,6 +20,7 @@
 
 mod admission;
 pub mod defaults;
+mod discovery;
 mod file;
 mod load;
 mod mesh;
@@ -34,6 +36,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 pub use admission::{ADMISSION_FLAGS, AdmissionConfig};
+pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind};
 pub use file::FileError;
 pub use load::{LOAD_FLAGS, LoadPollConfig, LoadSource};
 pub use mesh::{MESH_FLAGS, MeshArgs};
@@ -125,6 +128,10 @@ pub struct Config {
     /// Mesh (fleet-wide load sharing) settings.
     #[command(flatten)]
     pub mesh: MeshArgs,
+
+    /// Worker-list settings: admin removals and discovery.
+    #[command(flatten)]
+    pub discovery: DiscoveryConfig,
 }
 
 /// Why a configuration could not be built; each message names its source.
@@ -181,6 +188,7 @@ impl Config {
         self.retry.validate().map_err(ConfigError::Invalid)?;
         self.load.validate().map_err(ConfigError::Invalid)?;
         self.mesh.validate().map_err(ConfigError::Invalid)?;
+        self.discovery.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

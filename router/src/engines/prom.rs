@@ -172,10 +172,10 @@ fn parse_sample(line: &str) -> Result<(&str, f64), BadLine<'_>> {
         .ok_or_else(|| bad(Some(name), "sample without a value"))?
         .parse::<f64>()
         .map_err(|_| bad(Some(name), "sample value is not a number"))?;
-    if let Some(timestamp) = tokens.next() {
-        if timestamp.parse::<f64>().is_err() {
-            return Err(bad(Some(name), "sample timestamp is not a number"));
-        }
+    if let Some(timestamp) = tokens.next()
+        && timestamp.parse::<f64>().is_err()
+    {
+        return Err(bad(Some(name), "sample timestamp is not a number"));
     }
     if tokens.next().is_some() {
         return Err(bad(Some(name), "trailing data after sample"));

@@ -1,12 +1,12 @@
-//! The service every client connection is served by: inference requests go
+//! The service every client connection is served by: proxied requests go
 //! straight to their handler, everything else through the axum router.
 //!
 //! Why not the router for everything: an inference request is the hot
 //! path, and the router's generic machinery (path matching, URL-parameter
 //! and matched-path extensions, the tower adapters and their futures) was
-//! a few per cent of the proxy's CPU per request for a decision one string
-//! comparison makes. Only `POST` to an inference path takes the short way,
-//! so every other answer (404, 405, the admin and info routes) is still the
+//! a few per cent of the proxy's CPU per request for a decision a short
+//! table lookup makes ([`Route::for_request`]). Every request that table
+//! does not name (404, 405, the admin and info routes) is still the
 //! router's own.
 
 use std::convert::Infallible;
@@ -18,7 +18,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
-use http::{Method, Request};
+use http::Request;
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
@@ -50,9 +50,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        if request.method() == Method::POST
-            && let Some(route) = Route::from_path(request.uri().path())
-        {
+        if let Some(route) = Route::for_request(request.method(), request.uri().path()) {
             let state = self.state.clone();
             let request = request.map(Body::new);
             return Box::pin(

@@ -69,7 +69,12 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .and_then(|v| v.parse::<u64>().ok());
     let result = async {
         let bytes = read_body(body, app.config.proxy.max_payload_bytes, declared).await?;
-        let info = request::inspect(&bytes, app.policy.needs_request_text())
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let want_text = app.policy.needs_request_text();
+        let info = request::inspect_route(route, &bytes, content_type, want_text)
             .map_err(|err| ApiError::invalid_json(err.to_string()))?;
         Ok::<_, ApiError>((bytes, info))
     }
@@ -89,6 +94,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         fleet: app.fleet.as_ref(),
     };
     let outgoing = Outgoing {
+        method: &parts.method,
         headers: &parts.headers,
         path_and_query,
         body: bytes,

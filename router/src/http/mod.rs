@@ -10,24 +10,19 @@ pub mod state;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get};
 
 pub use front::Front;
 use state::AppState;
 
 use crate::error::ApiError;
-use crate::request::Route;
 
-/// Builds the axum router for one replica.
+/// Builds the axum router for everything one replica answers itself.
+/// Proxied requests never reach it: [`Front`] sends every request that
+/// [`crate::request::Route::for_request`] names to the inference handler.
 pub fn router(state: Arc<AppState>) -> Router {
-    let mut app = Router::new();
-    for route in Route::ALL {
-        app = app.route(
-            route.path(),
-            post(move |state, request| inference::handle(state, route, request)),
-        );
-    }
-    app.route("/v1/models", get(info::models))
+    Router::new()
+        .route("/v1/models", get(info::models))
         .route("/health", get(info::health))
         .route("/liveness", get(info::liveness))
         .route("/readiness", get(info::readiness))

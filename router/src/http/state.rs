@@ -12,6 +12,7 @@ use crate::fleet::FleetView;
 use crate::policy::Policy;
 use crate::proxy::Forwarder;
 use crate::request::Route;
+use crate::sources::WorkerSources;
 use crate::telemetry::RouteMetrics;
 use crate::upstream::HttpClient;
 use crate::workers::Registry;
@@ -23,6 +24,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The workers.
     pub registry: Arc<Registry>,
+    /// Where the workers come from (admin changes go through it).
+    pub sources: Arc<WorkerSources>,
     /// The routing policy.
     pub policy: Arc<dyn Policy>,
     /// Where policies read load from.

@@ -155,12 +155,12 @@ async fn detect(
     state: &mut PollState,
     timeout: Duration,
 ) -> Result<(EngineKind, EngineLoad), PollError> {
-    if let Ok(body) = fetch(client, base, LOADS, timeout).await {
-        if let Ok(load) = sglang::parse_loads(&body) {
-            state.kind = Some(EngineKind::Sglang);
-            state.sglang = SglangEndpoint::Loads;
-            return Ok((EngineKind::Sglang, load));
-        }
+    if let Ok(body) = fetch(client, base, LOADS, timeout).await
+        && let Ok(load) = sglang::parse_loads(&body)
+    {
+        state.kind = Some(EngineKind::Sglang);
+        state.sglang = SglangEndpoint::Loads;
+        return Ok((EngineKind::Sglang, load));
     }
     let body = fetch(client, base, METRICS, timeout).await?;
     let kind = engines::detect_from_metrics(&text(&body)).ok_or(PollError::Undetected)?;

@@ -37,7 +37,7 @@ use crate::policy::Policy;
 use crate::request::RequestInfo;
 use crate::telemetry::{self, RequestRecord};
 use crate::upstream;
-use crate::workers::{Booking, Registry, Worker};
+use crate::workers::{Booking, ModelNotFound, Registry, Worker};
 
 pub use body::TrackedBody;
 
@@ -100,6 +100,8 @@ pub struct WorkerPool<'a> {
 /// attempt re-sends the same (cheaply cloned) body.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
+    /// The client's method, forwarded as it came.
+    pub method: &'a Method,
     /// The client's headers (hop-by-hop ones are dropped when sent).
     pub headers: &'a HeaderMap,
     /// Path and query, appended to the worker's base URL.
@@ -197,10 +199,23 @@ impl std::ops::Deref for Candidates {
     }
 }
 
+/// Why an attempt has no candidate.
+enum Unroutable {
+    /// Workers serve the model but none is available now.
+    Unavailable(NoCandidates),
+    /// No worker serves the model at all.
+    Model(ModelNotFound),
+}
+
 impl WorkerPool<'_> {
-    /// The available workers, only those not in `tried` while any is left.
-    fn candidates(&self, tried: &[Arc<Worker>]) -> Result<Candidates, NoCandidates> {
-        let all = self.registry.all();
+    /// The available workers serving `model`, only those not in `tried`
+    /// while any is left.
+    fn candidates(
+        &self,
+        model: Option<&str>,
+        tried: &[Arc<Worker>],
+    ) -> Result<Candidates, Unroutable> {
+        let all = self.registry.serving(model).map_err(Unroutable::Model)?;
         if tried.is_empty() && !all.is_empty() && all.iter().all(|w| w.is_available()) {
             return Ok(Candidates::All(all));
         }
@@ -213,7 +228,7 @@ impl WorkerPool<'_> {
             candidates = all.iter().filter(|w| w.is_available()).cloned().collect();
         }
         if candidates.is_empty() {
-            return Err(NoCandidates(all));
+            return Err(Unroutable::Unavailable(NoCandidates(all)));
         }
         Ok(Candidates::Some(candidates))
     }
@@ -269,18 +284,28 @@ impl Forwarder {
         let mut tried: Vec<Arc<Worker>> = Vec::new();
         let mut last_failure: Option<Failure> = None;
         for attempt in 0..=self.max_retries {
-            let candidates = match workers.candidates(&tried) {
+            let model = request.info.model.as_deref();
+            let candidates = match workers.candidates(model, &tried) {
                 Ok(candidates) => candidates,
+                Err(Unroutable::Model(missing)) => {
+                    return Err(ApiError::model_not_found(&missing.model, &missing.served));
+                }
                 // Nothing failed yet: explain why nothing is available.
-                Err(none) if last_failure.is_none() => return Err(none.into_error()),
+                Err(Unroutable::Unavailable(none)) if last_failure.is_none() => {
+                    return Err(none.into_error());
+                }
                 // Every worker failed: report the last failure.
-                Err(_) => break,
+                Err(Unroutable::Unavailable(_)) => break,
             };
             let worker = workers.pick(&candidates, request.info)?;
             tried.push(worker.clone());
             let has_retry_left =
                 attempt < self.max_retries && tokio::time::Instant::now() < deadline;
-            let token_work = workers.policy.token_work(request.info);
+            // A request that runs no model books a request slot only.
+            let token_work = match request.info.free {
+                true => 0,
+                false => workers.policy.token_work(request.info),
+            };
             match self
                 .attempt(worker, request, token_work, attempt, deadline)
                 .await
@@ -320,9 +345,13 @@ impl Forwarder {
         attempt: u32,
         deadline: tokio::time::Instant,
     ) -> Outcome {
-        let booking = worker.ledger().book(request.info.prompt_tokens, token_work);
+        let prompt_tokens = match request.info.free {
+            true => 0,
+            false => request.info.prompt_tokens,
+        };
+        let booking = worker.ledger().book(prompt_tokens, token_work);
         let outgoing = link::Request {
-            method: &Method::POST,
+            method: request.method,
             path_and_query: request.path_and_query,
             headers: request.headers,
             body: &request.body,

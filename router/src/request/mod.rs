@@ -8,6 +8,13 @@
 //! SGLang's `sampling_params.max_new_tokens`) when given. A body that is
 //! valid JSON but of an unexpected shape is still proxied (the engine judges
 //! it); its prompt is then estimated from its byte length.
+//!
+//! The `model` field names what the request wants served: a JSON body's
+//! `model`, or a multipart upload's `model` form field (`multipart`).
+//! Which routes exist and how each is read and booked is `route`.
+
+mod multipart;
+mod route;
 
 use std::borrow::Cow;
 
@@ -16,58 +23,8 @@ use serde::de::IgnoredAny;
 
 use crate::config::defaults::CHARS_PER_TOKEN;
 
-/// The inference endpoints the router proxies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Route {
-    /// `POST /v1/chat/completions`
-    ChatCompletions,
-    /// `POST /v1/completions`
-    Completions,
-    /// `POST /v1/embeddings`
-    Embeddings,
-    /// `POST /generate` (SGLang native)
-    Generate,
-}
-
-impl Route {
-    /// Every proxied route, for building the HTTP router.
-    pub const ALL: [Route; 4] = [
-        Route::ChatCompletions,
-        Route::Completions,
-        Route::Embeddings,
-        Route::Generate,
-    ];
-
-    /// The path this route is served on (and forwarded to).
-    pub fn path(self) -> &'static str {
-        match self {
-            Route::ChatCompletions => "/v1/chat/completions",
-            Route::Completions => "/v1/completions",
-            Route::Embeddings => "/v1/embeddings",
-            Route::Generate => "/generate",
-        }
-    }
-
-    /// The route served at `path`, if any.
-    pub fn from_path(path: &str) -> Option<Route> {
-        Route::ALL.into_iter().find(|route| route.path() == path)
-    }
-
-    /// Position in [`Route::ALL`], for per-route tables.
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Short label for metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Route::ChatCompletions => "chat_completions",
-            Route::Completions => "completions",
-            Route::Embeddings => "embeddings",
-            Route::Generate => "generate",
-        }
-    }
-}
+pub use multipart::{boundary as multipart_boundary, field as multipart_field};
+pub use route::{BodyKind, Route, Work};
 
 /// What a policy may use about the request being routed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -80,6 +37,11 @@ pub struct RequestInfo {
     pub stream: bool,
     /// The prompt text, only filled when the policy asks for it.
     pub text: Option<String>,
+    /// The model asked for (`model`), if the request names one.
+    pub model: Option<String>,
+    /// The request runs no model (tokenizing): booked as one request with
+    /// no token-work, whatever its text.
+    pub free: bool,
 }
 
 impl RequestInfo {
@@ -125,6 +87,8 @@ struct SamplingParams {
 
 #[derive(Deserialize)]
 struct Body<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     messages: Option<Vec<Message<'a>>>,
     #[serde(borrow, default)]
@@ -182,6 +146,18 @@ pub fn tokens_for_chars(chars: u64) -> u64 {
     chars.div_ceil(CHARS_PER_TOKEN)
 }
 
+/// The top-level `model` string of a JSON object whose other fields did
+/// not have the expected shape.
+fn model_of_any_shape(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ModelOnly {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<ModelOnly>(body)
+        .ok()
+        .and_then(|m| m.model)
+}
+
 /// Parses a request body; `want_text` keeps the prompt text for policies
 /// that match on it.
 pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
@@ -191,6 +167,7 @@ pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
         return Ok(RequestInfo {
             prompt_tokens: tokens_for_chars(body.len() as u64),
             text: want_text.then(|| String::from_utf8_lossy(body).into_owned()),
+            model: model_of_any_shape(body),
             ..RequestInfo::default()
         });
     };
@@ -220,7 +197,42 @@ pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
             .or(parsed.sampling_params.and_then(|p| p.max_new_tokens)),
         stream: parsed.stream.unwrap_or(false),
         text: tally.text,
+        model: parsed.model.map(Cow::into_owned),
+        free: false,
     })
+}
+
+/// What a request on `route` tells the router, from its body and its
+/// `content_type`: a JSON route's body must be JSON ([`inspect`]); a
+/// multipart upload names its model in a form field and is priced as an
+/// unknown prompt; any other body (an unknown `/v1/` route) is read as
+/// JSON when it is and otherwise passed on with nothing learned. A route
+/// that runs no model, or a bodiless request, is marked
+/// [`RequestInfo::free`].
+pub fn inspect_route(
+    route: Route,
+    body: &[u8],
+    content_type: Option<&str>,
+    want_text: bool,
+) -> Result<RequestInfo, BodyError> {
+    let mut info = match route.body() {
+        BodyKind::Json => inspect(body, want_text)?,
+        BodyKind::Multipart => RequestInfo {
+            model: content_type
+                .and_then(multipart::boundary)
+                .and_then(|b| multipart::field(body, b, "model"))
+                .map(str::to_owned),
+            ..RequestInfo::default()
+        },
+        // No body (a GET or DELETE of a stored object): no model runs.
+        BodyKind::Opaque if body.is_empty() => RequestInfo {
+            free: true,
+            ..RequestInfo::default()
+        },
+        BodyKind::Opaque => inspect(body, want_text).unwrap_or_default(),
+    };
+    info.free |= route.work() == Work::RequestOnly;
+    Ok(info)
 }
 
 #[cfg(test)]
@@ -268,6 +280,58 @@ mod tests {
         assert_eq!(info.prompt_tokens, tokens_for_chars(32));
         let info = inspect(b"[1,2,3]", false).unwrap();
         assert_eq!(info.max_output_tokens, None);
+    }
+
+    #[test]
+    fn the_model_is_read_from_json_of_any_shape_and_from_multipart_uploads() {
+        let info = inspect(br#"{"model":"llama","messages":[]}"#, false).unwrap();
+        assert_eq!(info.model.as_deref(), Some("llama"));
+        let odd = inspect(br#"{"model":"m\u00e9","messages":5}"#, false).unwrap();
+        assert_eq!(
+            odd.model.as_deref(),
+            Some("m\u{e9}"),
+            "unexpected shape, model still read"
+        );
+        assert_eq!(inspect(br#"{"model":7}"#, false).unwrap().model, None);
+        let upload =
+            b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--b--\r\n";
+        let info = inspect_route(
+            Route::AudioTranscriptions,
+            upload,
+            Some("multipart/form-data; boundary=b"),
+            true,
+        )
+        .unwrap();
+        assert_eq!(info.model.as_deref(), Some("whisper"));
+        assert_eq!(
+            info.prompt_tokens, 0,
+            "an upload is priced as an unknown prompt"
+        );
+    }
+
+    #[test]
+    fn routes_read_their_bodies_their_own_way() {
+        assert!(inspect_route(Route::ChatCompletions, b"not json", None, false).is_err());
+        let other = inspect_route(Route::Other, b"not json", None, false).unwrap();
+        assert_eq!(
+            other,
+            RequestInfo::default(),
+            "opaque bodies pass untouched"
+        );
+        let other = inspect_route(
+            Route::Other,
+            br#"{"model":"x","input":"abcd"}"#,
+            None,
+            false,
+        );
+        assert_eq!(other.unwrap().model.as_deref(), Some("x"));
+        let tokenize = inspect_route(Route::Tokenize, br#"{"prompt":"abcdefgh"}"#, None, false);
+        assert!(tokenize.unwrap().free, "tokenizing runs no model");
+        assert!(
+            !inspect_route(Route::Completions, br#"{"prompt":"a"}"#, None, false)
+                .unwrap()
+                .free
+        );
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Active health checks: take a worker out of rotation after
 //! `--health-failure-threshold` failed probes in a row, put it back after
-//! `--health-success-threshold` passed ones.
+//! `--health-success-threshold` passed ones. A worker that passes is also
+//! asked what it serves (`/v1/models`), so LoRA adapters loaded or
+//! unloaded at run time reach model routing within one check interval.
 
 use std::sync::Arc;
 
 use futures_util::future::join_all;
 
+use super::models::parse_model_list;
 use super::{Registry, Worker};
 use crate::config::HealthConfig;
 use crate::telemetry;
@@ -48,6 +51,43 @@ pub fn record_probe(worker: &Worker, passed: bool, config: &HealthConfig) -> boo
     now != was
 }
 
+/// Largest model list read from a worker.
+const MODEL_LIST_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// Reads what `worker` serves from its `/v1/models` and records it; a
+/// worker that has no such list (an error status or another shape) keeps
+/// what was known before (unknown: a candidate for every model).
+async fn refresh_models(
+    client: &HttpClient,
+    registry: &Registry,
+    worker: &Arc<Worker>,
+    config: &HealthConfig,
+) {
+    let answer = upstream::get(
+        client,
+        worker.url(),
+        "/v1/models",
+        config.timeout(),
+        MODEL_LIST_MAX_BYTES,
+    )
+    .await;
+    let served = match answer {
+        Ok((status, body)) if status.is_success() => parse_model_list(&body),
+        Ok(_) | Err(_) => None,
+    };
+    match served {
+        Some(served) => {
+            if registry.set_served(worker, served) {
+                tracing::info!(worker = worker.url(), models = ?worker.served().ids(), "worker models changed");
+            }
+        }
+        None => tracing::debug!(
+            worker = worker.url(),
+            "no model list; the worker takes any model"
+        ),
+    }
+}
+
 async fn probe(client: &HttpClient, worker: &Worker, config: &HealthConfig) -> bool {
     match upstream::get(
         client,
@@ -80,9 +120,13 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
         let probes = workers.iter().map(|worker| {
             let client = &client;
             let config = &config;
+            let registry = &registry;
             async move {
                 let passed = probe(client, worker, config).await;
                 record_probe(worker, passed, config);
+                if passed {
+                    refresh_models(client, registry, worker, config).await;
+                }
                 telemetry::worker_health(worker.url(), worker.is_healthy());
             }
         });

@@ -1,11 +1,13 @@
 //! The set of engines this replica routes to, and each one's state.
 //!
-//! Readers (every request) load the current list lock-free through
-//! `ArcSwap`; the rare writers (admin API) swap in a new list.
+//! Readers (every request) load the current list, indexed by model
+//! (`models`), lock-free through `ArcSwap`; the rare writers (admin API,
+//! discovery, a changed model list) swap in a new index.
 
 mod breaker;
 pub mod health;
 mod ledger;
+pub mod models;
 mod snapshot_cell;
 
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use crate::config::BreakerConfig;
 
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use ledger::{Booking, Ledger};
+pub use models::{ModelIndex, ModelNotFound, Served};
 pub use snapshot_cell::{CellStamp, SnapshotCell};
 
 /// A polled snapshot together with the local instant its poll started, so
@@ -46,6 +49,7 @@ pub struct Worker {
     ledger: Ledger,
     snapshot: ArcSwap<Option<StoredSnapshot>>,
     snapshot_cell: SnapshotCell,
+    served: ArcSwap<Served>,
 }
 
 impl Worker {
@@ -69,7 +73,24 @@ impl Worker {
             ledger,
             snapshot: ArcSwap::from_pointee(None),
             snapshot_cell: SnapshotCell::default(),
+            served: ArcSwap::from_pointee(Served::Unknown),
         }
+    }
+
+    /// The models this worker serves, as its model list last said.
+    pub fn served(&self) -> Arc<Served> {
+        self.served.load_full()
+    }
+
+    /// Records what the worker serves; true when that changed. The
+    /// registry's model index must be rebuilt after a change
+    /// ([`Registry::set_served`] does both).
+    fn set_served(&self, served: Served) -> bool {
+        if **self.served.load() == served {
+            return false;
+        }
+        self.served.store(Arc::new(served));
+        true
     }
 
     /// The normalised base URL, also the worker's identity.
@@ -164,6 +185,8 @@ pub struct WorkerStatus {
     pub snapshot: Option<LoadSnapshot>,
     /// Its age in milliseconds.
     pub snapshot_age_ms: Option<u64>,
+    /// The models it serves (its `/v1/models`), `null` while unknown.
+    pub models: Option<Vec<String>>,
 }
 
 impl WorkerStatus {
@@ -180,6 +203,10 @@ impl WorkerStatus {
             snapshot: stored.map(|s| s.snapshot.clone()),
             snapshot_age_ms: stored
                 .map(|s| u64::try_from(s.stored_at.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            models: worker
+                .served()
+                .ids()
+                .map(|ids| ids.iter().map(|id| id.to_string()).collect()),
         }
     }
 }
@@ -195,10 +222,10 @@ pub enum RegistryError {
     NotFound(String),
 }
 
-/// The current worker list, readable without locks.
+/// The current worker list, indexed by model, readable without locks.
 #[derive(Debug)]
 pub struct Registry {
-    workers: ArcSwap<Vec<Arc<Worker>>>,
+    index: ArcSwap<ModelIndex>,
     breaker: BreakerConfig,
     mesh: Option<Arc<Mesh>>,
     polls: bool,
@@ -222,7 +249,7 @@ impl Registry {
         polls: bool,
     ) -> Self {
         let registry = Self {
-            workers: ArcSwap::from_pointee(Vec::new()),
+            index: ArcSwap::from_pointee(ModelIndex::default()),
             breaker,
             mesh,
             polls,
@@ -234,8 +261,14 @@ impl Registry {
                 workers.push(registry.make_worker(url.clone()));
             }
         }
-        registry.workers.store(Arc::new(workers));
+        registry.publish(workers);
         registry
+    }
+
+    /// Makes `workers` the current list (indexed anew).
+    fn publish(&self, workers: Vec<Arc<Worker>>) {
+        self.index
+            .store(Arc::new(ModelIndex::build(Arc::new(workers))));
     }
 
     fn make_worker(&self, url: String) -> Arc<Worker> {
@@ -268,13 +301,32 @@ impl Registry {
 
     /// A consistent snapshot of all workers.
     pub fn all(&self) -> Arc<Vec<Arc<Worker>>> {
-        self.workers.load_full()
+        self.index.load().all().clone()
+    }
+
+    /// The workers a request for `model` may go to ([`ModelIndex::serving`]).
+    pub fn serving(&self, model: Option<&str>) -> Result<Arc<Vec<Arc<Worker>>>, ModelNotFound> {
+        self.index.load().serving(model).cloned()
+    }
+
+    /// Records what `worker` serves and, if that changed while it is
+    /// registered, re-indexes; true when it changed.
+    pub fn set_served(&self, worker: &Arc<Worker>, served: Served) -> bool {
+        let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        if !worker.set_served(served) {
+            return false;
+        }
+        let current = self.index.load_full();
+        if current.all().iter().any(|w| Arc::ptr_eq(w, worker)) {
+            self.publish(current.all().as_ref().clone());
+        }
+        true
     }
 
     /// Registers a new worker at the (normalised) `url`.
     pub fn add(&self, url: String) -> Result<Arc<Worker>, RegistryError> {
         let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.workers.load_full();
+        let current = self.all();
         if current.iter().any(|w| w.url == url) {
             return Err(RegistryError::Exists(url));
         }
@@ -282,20 +334,20 @@ impl Registry {
         let mut next = Vec::with_capacity(current.len() + 1);
         next.extend(current.iter().cloned());
         next.push(worker.clone());
-        self.workers.store(Arc::new(next));
+        self.publish(next);
         Ok(worker)
     }
 
     /// Removes the worker at `url`; requests in flight there finish normally.
     pub fn remove(&self, url: &str) -> Result<Arc<Worker>, RegistryError> {
         let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.workers.load_full();
+        let current = self.all();
         let Some(position) = current.iter().position(|w| w.url == url) else {
             return Err(RegistryError::NotFound(url.to_string()));
         };
         let mut next: Vec<Arc<Worker>> = current.as_ref().clone();
         let removed = next.remove(position);
-        self.workers.store(Arc::new(next));
+        self.publish(next);
         // No longer polled here: peers must not leave it to this replica.
         removed.ledger().slot().set_polled(false);
         Ok(removed)

@@ -50,6 +50,9 @@ pub struct EngineState {
     pub models: Mutex<Vec<String>>,
     /// Last request body received.
     pub last_body: Mutex<Bytes>,
+    /// Method, path and query, and `content-type` of the last request that
+    /// reached an inference route or the catch-all.
+    pub last_request: Mutex<Option<(String, String, Option<String>)>>,
 }
 
 /// A running fake engine.
@@ -133,6 +136,29 @@ async fn inference(State(state): State<Arc<EngineState>>, body: Bytes) -> Respon
         .into_response()
 }
 
+/// Any other route: records the request, then answers as an inference
+/// route does for a POST (streaming when asked) and with a small JSON
+/// naming what it received otherwise.
+async fn any_route(
+    State(state): State<Arc<EngineState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    *state.last_request.lock().await = Some((method.to_string(), target.clone(), content_type));
+    if method == axum::http::Method::POST {
+        return inference(State(state), body).await;
+    }
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    axum::Json(serde_json::json!({"method": method.as_str(), "target": target})).into_response()
+}
+
 async fn health(State(state): State<Arc<EngineState>>) -> StatusCode {
     if state.unhealthy.load(Ordering::SeqCst) {
         StatusCode::SERVICE_UNAVAILABLE
@@ -179,6 +205,7 @@ impl FakeEngine {
             .route("/metrics", get(metrics))
             .route("/v1/loads", get(loads))
             .route("/v1/models", get(models))
+            .fallback(any_route)
             .with_state(state.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use shoal_tests::client::HttpClient;
 use shoal_tests::fleet::{Fleet, FleetConfig, locate_shoal};
-use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
+use shoal_tests::mock::{DEFAULT_MODEL, EngineConfig, EngineHandle, Flavor, spawn_engines};
 use shoal_tests::workload::{HeldStream, short_request, text};
 
 /// Mock engines and meshed `shoal` replicas on loopback, from one command.
@@ -127,7 +127,7 @@ fn print_guide(fleet: &Fleet, engines: &[EngineHandle]) {
     for i in 0..fleet.len() {
         println!(
             "  curl -s {}/v1/chat/completions -H 'content-type: application/json' \\\n    \
-             -d '{{\"model\":\"mock\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}'",
+             -d '{{\"model\":\"{DEFAULT_MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}'",
             fleet.url(i)
         );
     }

@@ -499,6 +499,19 @@ impl Fleet {
         }
     }
 
+    /// Adds `args` to replica `i`'s command line from its next (re)start
+    /// on (later flags override earlier ones: `shoal` takes the last), e.g.
+    /// a seed list of its own.
+    pub fn append_args<I, S>(&mut self, i: usize, args: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        if let Some(r) = self.replicas.get_mut(i) {
+            r.args.extend(args.into_iter().map(Into::into));
+        }
+    }
+
     /// (Re)starts replica `i` with its name, ports and flags: a new
     /// incarnation. It must not be running.
     pub async fn restart(&mut self, i: usize) -> Result<(), FleetError> {

@@ -88,11 +88,15 @@ pub struct EngineConfig {
     pub stats_capacity: usize,
 }
 
+/// The model a mock engine serves unless told otherwise: what clients of
+/// the tests, benchmarks and demo ask for, so model routing finds it.
+pub const DEFAULT_MODEL: &str = "mock/Qwen3-8B";
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             flavor: Flavor::Vllm,
-            model_name: "mock/Qwen3-8B".to_string(),
+            model_name: DEFAULT_MODEL.to_string(),
             kv_capacity_tokens: 65_536,
             max_running: 64,
             prefill_tps: 10_000.0,

@@ -26,6 +26,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/generate", post(openai::generate))
+        .route("/v1/responses", post(openai::responses))
+        .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health));
     data = match engine.config().flavor {

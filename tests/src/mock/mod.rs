@@ -42,7 +42,7 @@ mod requests;
 mod server;
 mod snapshot;
 
-pub use config::{ConfigError, EngineConfig, Flavor};
+pub use config::{ConfigError, DEFAULT_MODEL, EngineConfig, Flavor};
 pub use engine::{Engine, FaultMode};
 pub use formats::{c_g6, iso_timestamp, prom_float};
 pub use prefix_cache::{PrefixCache, block_hashes};

@@ -1,5 +1,6 @@
-//! Inference routes: OpenAI `/v1/chat/completions` and `/v1/completions`
-//! and SGLang `/generate`, streamed (SSE) or not.
+//! Inference routes: OpenAI `/v1/chat/completions`, `/v1/completions`,
+//! `/v1/responses` and `/v1/embeddings`, and SGLang `/generate`, streamed
+//! (SSE) or not (embeddings never stream).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -61,6 +62,31 @@ pub(crate) async fn generate(State(e): State<Arc<Engine>>, h: HeaderMap, body: B
     infer(e, ApiKind::Generate, h, body).await
 }
 
+pub(crate) async fn responses(State(e): State<Arc<Engine>>, h: HeaderMap, body: Bytes) -> Response {
+    infer(e, ApiKind::Responses, h, body).await
+}
+
+pub(crate) async fn embeddings(
+    State(e): State<Arc<Engine>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    infer(e, ApiKind::Embeddings, h, body).await
+}
+
+/// A small deterministic embedding of `text` (8 floats).
+fn embedding_of(text: &str) -> Vec<f64> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    (0..8)
+        .map(|i| {
+            for b in text.bytes().chain([i as u8]) {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            (h % 2_000) as f64 / 1_000.0 - 1.0
+        })
+        .collect()
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -74,6 +100,15 @@ async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Byt
         return unavailable(&engine, "engine unavailable (mock --fail-rate)");
     }
     let req = match parse_request(kind, &body, cfg.default_max_tokens) {
+        Ok(r) if r.stream && kind == ApiKind::Embeddings => {
+            engine.count_rejected();
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "embeddings do not stream",
+                "invalid_request_error",
+                "invalid_request",
+            );
+        }
         Ok(r) => r,
         Err(msg) => {
             engine.count_rejected();
@@ -150,6 +185,12 @@ async fn full_response(mut rx: UnboundedReceiver<Event>, f: Frames, id: u64) -> 
             "usage": usage,
         }),
         ApiKind::Generate => json!({"text": text, "meta_info": f.meta_info(&timing, true)}),
+        ApiKind::Responses => f.response_object(&text, &timing),
+        ApiKind::Embeddings => json!({
+            "object": "list", "model": f.model,
+            "data": [{"object": "embedding", "index": 0, "embedding": embedding_of(&f.prompt)}],
+            "usage": {"prompt_tokens": timing.prompt_tokens, "total_tokens": timing.prompt_tokens},
+        }),
     };
     let mut resp = (
         StatusCode::OK,
@@ -211,8 +252,10 @@ struct Frames {
     /// JSON prefix shared by every OpenAI chunk (ends inside `"choices":[`).
     head: String,
     sent: u64,
-    /// Cumulative text, for SGLang `/generate` streams.
+    /// Cumulative text, for SGLang `/generate` and Responses streams.
     text: String,
+    /// The prompt text (what an embedding is computed from).
+    prompt: String,
 }
 
 impl Frames {
@@ -235,7 +278,24 @@ impl Frames {
             head,
             sent: 0,
             text: String::new(),
+            prompt: req.prompt_text.clone(),
         }
+    }
+
+    /// A Responses API `response` object holding `text`.
+    fn response_object(&self, text: &str, t: &Timing) -> serde_json::Value {
+        json!({
+            "id": format!("resp_mock_{}", self.id), "object": "response",
+            "created_at": self.created, "status": "completed", "model": self.model,
+            "output": [{"type": "message", "id": format!("msg_mock_{}", self.id),
+                "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "usage": {"input_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+                "total_tokens": t.prompt_tokens + t.output_tokens,
+                "input_tokens_details": {"cached_tokens": t.cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": 0}},
+            "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
+        })
     }
 
     fn usage(&self, t: &Timing) -> serde_json::Value {
@@ -285,6 +345,23 @@ impl Frames {
                     "id": self.id.to_string(), "finish_reason": null, "completion_tokens": self.sent}});
                 format!("data: {v}\n\n")
             }
+            ApiKind::Responses => {
+                self.text.push_str(&piece);
+                let mut out = String::new();
+                if first {
+                    let created = json!({"type": "response.created", "sequence_number": 0,
+                        "response": {"id": format!("resp_mock_{}", self.id), "object": "response",
+                            "created_at": self.created, "status": "in_progress",
+                            "model": self.model, "output": []}});
+                    out.push_str(&format!("event: response.created\ndata: {created}\n\n"));
+                }
+                let v = json!({"type": "response.output_text.delta", "sequence_number": self.sent,
+                    "item_id": format!("msg_mock_{}", self.id), "output_index": 0,
+                    "content_index": 0, "delta": piece});
+                out.push_str(&format!("event: response.output_text.delta\ndata: {v}\n\n"));
+                out
+            }
+            ApiKind::Embeddings => String::new(),
         };
         Bytes::from(s)
     }
@@ -311,6 +388,14 @@ impl Frames {
                 let v = json!({"text": self.text, "meta_info": self.meta_info(t, true)});
                 s.push_str(&format!("data: {v}\n\n"));
             }
+            ApiKind::Responses => {
+                let v = json!({"type": "response.completed", "sequence_number": self.sent + 1,
+                    "response": self.response_object(&self.text, t)});
+                // The Responses API ends with its completed event, no [DONE].
+                s.push_str(&format!("event: response.completed\ndata: {v}\n\n"));
+                return Bytes::from(s);
+            }
+            ApiKind::Embeddings => {}
         }
         s.push_str("data: [DONE]\n\n");
         Bytes::from(s)

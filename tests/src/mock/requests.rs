@@ -23,6 +23,13 @@ pub enum ApiKind {
     Completion,
     /// SGLang's `POST /generate`.
     Generate,
+    /// `POST /v1/responses` (OpenAI Responses API): `input` is a string or
+    /// a list of messages; `max_output_tokens`.
+    Responses,
+    /// `POST /v1/embeddings`: `input` is a string, a list of strings or
+    /// token ids; one token of work is generated (the pooling step) and
+    /// the answer is a small vector per input.
+    Embeddings,
 }
 
 /// The parts of a request the engine model needs.
@@ -99,6 +106,17 @@ fn chat_text(body: &Value) -> Result<String, String> {
     Ok(text)
 }
 
+/// A Responses API `input` list as a chat body (`{"messages": [...]}`):
+/// its message items' `content` (a string, or parts with `text`).
+fn json_messages(items: &[Value]) -> Value {
+    let messages: Vec<Value> = items
+        .iter()
+        .filter(|item| item.get("content").is_some())
+        .cloned()
+        .collect();
+    serde_json::json!({ "messages": messages })
+}
+
 /// Parses a request body for `kind`; errors are messages for a 400.
 pub fn parse_request(
     kind: ApiKind,
@@ -142,6 +160,29 @@ pub fn parse_request(
                 _ => return Err(bad("prompt must be a string or a list of token ids")),
             }
         }
+        ApiKind::Responses => {
+            let max = max_tokens_field(v.get("max_output_tokens"), "max_output_tokens")?;
+            match v.get("input") {
+                Some(Value::String(s)) => (s.clone(), None, max),
+                Some(Value::Array(items)) => {
+                    let messages = json_messages(items);
+                    (chat_text(&messages)?, None, max)
+                }
+                _ => return Err(bad("input must be a string or a list of messages")),
+            }
+        }
+        ApiKind::Embeddings => match v.get("input") {
+            Some(Value::String(s)) => (s.clone(), None, Some(1)),
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) && !a.is_empty() => {
+                let text: Vec<&str> = a.iter().filter_map(Value::as_str).collect();
+                (text.join("\n"), None, Some(1))
+            }
+            Some(ids @ Value::Array(_)) => match token_ids(ids) {
+                Some(n) => (ids.to_string(), Some(n), Some(1)),
+                None => return Err(bad("input must be a string, strings or token ids")),
+            },
+            _ => return Err(bad("input must be a string, strings or token ids")),
+        },
         ApiKind::Generate => {
             let max = max_tokens_field(
                 v.pointer("/sampling_params/max_new_tokens"),

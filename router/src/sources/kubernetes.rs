@@ -1,0 +1,232 @@
+//! Kubernetes discovery: the Ready endpoints of the EndpointSlices that
+//! match `--discovery-selector` become workers.
+//!
+//! How: the `kube` crate's watcher (list, then watch from the list's
+//! resourceVersion; bookmarks on) feeds a reflector store; after every
+//! change the whole store is turned into the set of endpoint URLs
+//! ([`ready_endpoints`]) and handed to [`WorkerSources::set_discovered`].
+//! What that guarantees:
+//! - only `ready` endpoints are routed; a terminating pod turns not-ready
+//!   (Kubernetes never reports a terminating endpoint ready), so it stops
+//!   getting new requests while its requests in flight finish;
+//! - a watch that fails or ends is restarted with backoff; an expired
+//!   resourceVersion (410 Gone) or a lost stream of events forces a fresh
+//!   list, and the store is replaced whole when that list completes, so a
+//!   DELETE missed while the watch was down cannot persist;
+//! - until the first list completes, nothing is discovered, and a failing
+//!   API server never empties the set (the last known endpoints stay).
+//!
+//! Every replica watches for itself: one long-lived watch per replica is
+//! what kube-proxy does on every node, the API server serves it from its
+//! watch cache, and a replica keeps following the fleet while the mesh is
+//! partitioned. Nothing discovered travels over the mesh.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+
+use super::WorkerSources;
+use crate::config::DiscoveryConfig;
+use crate::url::normalize_url;
+use crate::workers::Served;
+
+/// Pause before retrying to build a client (no credentials yet, bad
+/// kubeconfig); the watch itself backs off on its own.
+const CLIENT_RETRY: Duration = Duration::from_secs(5);
+
+/// Which port of an endpoint to route to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortChoice {
+    /// This number, whatever the slice lists.
+    Number(u16),
+    /// The slice port with this name.
+    Named(String),
+    /// The slice's port when it lists exactly one.
+    Only,
+}
+
+impl PortChoice {
+    /// Reads `--discovery-port`: a number or a port name.
+    pub fn parse(flag: Option<&str>) -> Self {
+        match flag.map(str::trim) {
+            None | Some("") => PortChoice::Only,
+            Some(text) => match text.parse::<u16>() {
+                Ok(n) if n > 0 => PortChoice::Number(n),
+                _ => PortChoice::Named(text.to_string()),
+            },
+        }
+    }
+
+    /// The port to use for the endpoints of `slice`, if it has one.
+    fn of(&self, slice: &EndpointSlice) -> Option<u16> {
+        let ports = slice.ports.as_deref().unwrap_or_default();
+        let port = match self {
+            PortChoice::Number(n) => return Some(*n),
+            PortChoice::Named(name) => ports.iter().find(|p| p.name.as_deref() == Some(name))?,
+            PortChoice::Only => match ports {
+                [only] => only,
+                _ => return None,
+            },
+        };
+        port.port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p > 0)
+    }
+}
+
+/// The worker URL of every Ready endpoint in `slices` (deduplicated: an
+/// endpoint may appear in two slices while they are rebalanced), with the
+/// model named by its slice's `model_label`, if any. FQDN slices and
+/// endpoints without a usable port are skipped.
+pub fn ready_endpoints(
+    slices: &[Arc<EndpointSlice>],
+    port: &PortChoice,
+    model_label: Option<&str>,
+) -> BTreeMap<String, Option<String>> {
+    let mut out = BTreeMap::new();
+    for slice in slices {
+        let v6 = match slice.address_type.as_str() {
+            "IPv4" => false,
+            "IPv6" => true,
+            _ => continue,
+        };
+        let Some(number) = port.of(slice) else {
+            continue;
+        };
+        let model = model_label.and_then(|label| {
+            slice
+                .metadata
+                .labels
+                .as_ref()?
+                .get(label)
+                .filter(|m| !m.is_empty())
+                .cloned()
+        });
+        for endpoint in &slice.endpoints {
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
+            let Some(address) = endpoint.addresses.first().filter(|_| ready) else {
+                continue;
+            };
+            let host = if v6 {
+                format!("[{address}]")
+            } else {
+                address.clone()
+            };
+            if let Ok(url) = normalize_url(&format!("http://{host}:{number}")) {
+                out.entry(url).or_insert_with(|| model.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The client and namespace from in-cluster credentials or `$KUBECONFIG`.
+async fn connect(config: &DiscoveryConfig) -> Result<(Client, String), String> {
+    // kube builds its TLS configuration with rustls' process-wide default
+    // provider: make it ring, the only one linked.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let kube_config = match &config.discovery_kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--discovery-kubeconfig {}: {e}", path.display()))?;
+            let options = kube::config::KubeConfigOptions::default();
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| format!("--discovery-kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no Kubernetes credentials (in-cluster or $KUBECONFIG): {e}"))?,
+    };
+    let namespace = config
+        .discovery_namespace
+        .clone()
+        .unwrap_or_else(|| kube_config.default_namespace.clone());
+    let client = Client::try_from(kube_config).map_err(|e| format!("Kubernetes client: {e}"))?;
+    Ok((client, namespace))
+}
+
+/// Watches the selected EndpointSlices forever and keeps `sources`'
+/// discovered set equal to their Ready endpoints (aborted with the replica).
+pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
+    let selector = config.discovery_selector.clone().unwrap_or_default();
+    let port = PortChoice::parse(config.discovery_port.as_deref());
+    let (client, namespace) = loop {
+        match connect(&config).await {
+            Ok(ok) => break ok,
+            Err(err) => {
+                tracing::error!(error = %err, "discovery cannot start; retrying");
+                crate::telemetry::discovery_error("client");
+                tokio::time::sleep(CLIENT_RETRY).await;
+            }
+        }
+    };
+    tracing::info!(%namespace, %selector, ?port, "watching EndpointSlices");
+    let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
+    let (store, writer) = reflector::store();
+    let events = watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .reflect(writer);
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                let found = ready_endpoints(
+                    &store.state(),
+                    &port,
+                    config.discovery_model_label.as_deref(),
+                );
+                apply(&sources, found);
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "EndpointSlice watch failed; retrying");
+                crate::telemetry::discovery_error(watch_error_kind(&err));
+            }
+        }
+    }
+}
+
+/// Hands the endpoints to the sources and gives each new worker its
+/// model hint (kept only until its own `/v1/models` is read).
+fn apply(sources: &WorkerSources, found: BTreeMap<String, Option<String>>) {
+    let urls: BTreeSet<String> = found.keys().cloned().collect();
+    let count = urls.len();
+    let done = sources.set_discovered(urls);
+    crate::telemetry::discovered_endpoints(count);
+    if !done.added.is_empty() || !done.removed.is_empty() {
+        tracing::info!(added = ?done.added, removed = ?done.removed, "discovered endpoints changed");
+    }
+    let registry = sources.registry();
+    for worker in registry.all().iter() {
+        if let Some(Some(model)) = found.get(worker.url())
+            && worker.served().ids().is_none()
+        {
+            registry.set_served(worker, Served::models([model.as_str()]));
+        }
+    }
+}
+
+/// A short label for a watch error (the metric's `kind`).
+fn watch_error_kind(err: &watcher::Error) -> &'static str {
+    match err {
+        watcher::Error::InitialListFailed(_) => "list",
+        watcher::Error::WatchStartFailed(_) => "watch_start",
+        watcher::Error::WatchError(status) if status.code == 410 => "gone",
+        watcher::Error::WatchError(_) => "watch_status",
+        watcher::Error::WatchFailed(_) => "watch_failed",
+        watcher::Error::NoResourceVersion => "no_resource_version",
+    }
+}
+
+#[cfg(test)]
+mod tests;

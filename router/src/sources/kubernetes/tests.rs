@@ -1,0 +1,118 @@
+//! EndpointSlices to worker URLs: readiness, ports, address families,
+//! duplicates and model labels, from the JSON the API server sends.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use super::*;
+
+fn slice(json: serde_json::Value) -> Arc<EndpointSlice> {
+    Arc::new(serde_json::from_value(json).unwrap())
+}
+
+fn endpoint(ip: &str, ready: Option<bool>, terminating: bool) -> serde_json::Value {
+    let mut conditions = serde_json::json!({"terminating": terminating, "serving": true});
+    if let Some(r) = ready {
+        conditions["ready"] = r.into();
+    }
+    serde_json::json!({"addresses": [ip], "conditions": conditions,
+        "targetRef": {"kind": "Pod", "name": format!("pod-{ip}")}})
+}
+
+fn vllm_slice(name: &str, endpoints: Vec<serde_json::Value>) -> Arc<EndpointSlice> {
+    slice(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "llm", "resourceVersion": "7",
+            "labels": {"kubernetes.io/service-name": "vllm", "shoal.io/model": "llama"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"},
+                  {"name": "metrics", "port": 9000, "protocol": "TCP"}]
+    }))
+}
+
+#[test]
+fn only_ready_endpoints_become_workers_and_duplicates_collapse() {
+    let slices = [
+        vllm_slice(
+            "vllm-a",
+            vec![
+                endpoint("10.0.0.1", Some(true), false),
+                endpoint("10.0.0.2", Some(false), false),
+                endpoint("10.0.0.3", Some(false), true),
+                endpoint("10.0.0.4", None, false),
+            ],
+        ),
+        vllm_slice("vllm-b", vec![endpoint("10.0.0.1", Some(true), false)]),
+    ];
+    let found = ready_endpoints(
+        &slices,
+        &PortChoice::Named("http".into()),
+        Some("shoal.io/model"),
+    );
+    let urls: Vec<&str> = found.keys().map(String::as_str).collect();
+    assert_eq!(
+        urls,
+        ["http://10.0.0.1:8000", "http://10.0.0.4:8000"],
+        "not-ready and terminating left out; a missing ready means ready"
+    );
+    assert!(found.values().all(|m| m.as_deref() == Some("llama")));
+}
+
+#[test]
+fn the_port_is_chosen_by_number_name_or_as_the_only_one() {
+    let slices = [vllm_slice(
+        "a",
+        vec![endpoint("10.0.0.1", Some(true), false)],
+    )];
+    let url = |choice: PortChoice| {
+        ready_endpoints(&slices, &choice, None)
+            .into_keys()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        url(PortChoice::parse(Some("metrics"))),
+        ["http://10.0.0.1:9000"]
+    );
+    assert_eq!(
+        url(PortChoice::parse(Some("8080"))),
+        ["http://10.0.0.1:8080"]
+    );
+    assert!(
+        url(PortChoice::parse(Some("grpc"))).is_empty(),
+        "no such port name"
+    );
+    assert!(
+        url(PortChoice::parse(None)).is_empty(),
+        "two ports: which one is ambiguous"
+    );
+    let single = [slice(serde_json::json!({
+        "metadata": {"name": "s", "resourceVersion": "1"}, "addressType": "IPv6",
+        "endpoints": [endpoint("fd00::1", Some(true), false)],
+        "ports": [{"port": 8000}]
+    }))];
+    let found = ready_endpoints(&single, &PortChoice::Only, Some("shoal.io/model"));
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        [("http://[fd00::1]:8000".to_string(), None)]
+    );
+}
+
+#[test]
+fn fqdn_slices_empty_slices_and_slices_without_ports_are_skipped() {
+    let slices = [
+        slice(
+            serde_json::json!({"metadata": {"name": "f"}, "addressType": "FQDN",
+            "endpoints": [{"addresses": ["engine.example"]}], "ports": [{"port": 80}]}),
+        ),
+        slice(
+            serde_json::json!({"metadata": {"name": "e"}, "addressType": "IPv4", "endpoints": null}),
+        ),
+        slice(
+            serde_json::json!({"metadata": {"name": "p"}, "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.9"]}], "ports": [{"name": "all"}]}),
+        ),
+    ];
+    assert!(ready_endpoints(&slices, &PortChoice::Only, None).is_empty());
+}
