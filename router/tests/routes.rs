@@ -259,3 +259,72 @@ async fn a_model_reaches_only_the_engines_that_list_it_and_an_unknown_one_is_404
         "a new adapter becomes routable"
     );
 }
+
+#[tokio::test]
+async fn cache_aware_judges_balance_among_the_workers_of_the_requested_model() {
+    let llama = [FakeEngine::start().await, FakeEngine::start().await];
+    let qwen = FakeEngine::start().await;
+    for engine in &llama {
+        *engine.state.models.lock().await = vec!["llama".into()];
+    }
+    *qwen.state.models.lock().await = vec!["qwen".into()];
+    qwen.state
+        .pause_after_first
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let urls = [&llama[0].url, &llama[1].url, &qwen.url].map(String::as_str);
+    let mut args = fast_checks(&urls);
+    for (flag, value) in [
+        ("--policy", "cache_aware"),
+        ("--balance-abs-threshold", "2"),
+        ("--balance-rel-threshold", "1.0"),
+    ] {
+        args.extend([flag.to_string(), value.to_string()]);
+    }
+    let router = Router::start(&args).await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            router
+                .workers()
+                .await
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|w| w["models"].is_array())
+        })
+        .await
+    );
+    // Four qwen streams held open: qwen's engine is 4 requests ahead.
+    let mut held = Vec::new();
+    for k in 0..4 {
+        let body = serde_json::json!({"model": "qwen", "stream": true,
+            "messages": [{"role": "user", "content": format!("held {k}")}]});
+        let response = router.post_json("/v1/chat/completions", &body).await;
+        let mut stream = response.bytes_stream();
+        let _ = futures_util::StreamExt::next(&mut stream).await;
+        held.push(stream);
+    }
+    assert_eq!(router.worker(&qwen.url).await["inflight_requests"], 4);
+    // The same long llama prompt six times: the llama pool is balanced (0
+    // and 0 in flight), so affinity keeps it on one engine. Had the guard
+    // compared qwen's 4 too, every request would fall back to the least
+    // loaded llama engine, a coin toss each time.
+    let prompt = "You are a helpful assistant. ".repeat(20);
+    for _ in 0..6 {
+        let body = serde_json::json!({"model": "llama",
+            "messages": [{"role": "user", "content": prompt}]});
+        assert_eq!(
+            router
+                .post_json("/v1/chat/completions", &body)
+                .await
+                .status(),
+            200
+        );
+    }
+    let counts = [llama[0].requests(), llama[1].requests()];
+    assert!(
+        counts == [6, 0] || counts == [0, 6],
+        "affinity held within llama: {counts:?}"
+    );
+    qwen.state.resume.notify_waiters();
+    drop(held);
+}
