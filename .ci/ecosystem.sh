@@ -204,6 +204,10 @@ families=$(grep -c '^# TYPE' "$tmp/metrics.txt")
 check "promtool check metrics ($families families)" \
   promtool check metrics <"$tmp/metrics.txt"
 [ -z "${KEEP_METRICS:-}" ] || cp "$tmp/metrics.txt" "$KEEP_METRICS" # KEEP_METRICS=FILE keeps the scrape
+check "Grafana dashboard: every metric it names is in the scrape" \
+  "$py" "$here/helpers.py" dashboard deploy/grafana/shoal-dashboard.json "$tmp/metrics.txt" "$tmp/dashboard-rules.yml"
+check "Grafana dashboard: promtool check rules (every PromQL expression parses)" \
+  promtool check rules "$tmp/dashboard-rules.yml"
 # Doc drift, a warning only: families in the scrape missing from README.md.
 missing=$(awk '/^# TYPE /{print $3}' "$tmp/metrics.txt" | while read -r m; do
   grep -qF "\`$m\`" README.md || echo "$m"; done | tr '\n' ' ')

@@ -55,6 +55,35 @@ def kustomization(base):
     print(f"kustomization ok: {len(listed)} resources, {len(files)} generated files")
 
 
+def dashboard(path, scrape, rules_out):
+    """Every PromQL expression of a Grafana dashboard: written as recording
+    rules (for `promtool check rules`), and every shoal_* metric it names
+    checked against a live scrape's families."""
+    import json
+    import re
+
+    d = json.loads(pathlib.Path(path).read_text())
+    exprs = [(p["id"], t["refId"], t["expr"]) for p in d["panels"] for t in p.get("targets", [])]
+    lines = ["groups:", "  - name: dashboard", "    rules:"]
+    for pid, ref, expr in exprs:
+        lines.append(f"      - record: dashboard:panel_{pid}_{ref}")
+        lines.append("        expr: " + json.dumps(expr))
+    pathlib.Path(rules_out).write_text("\n".join(lines) + "\n")
+    families = set()
+    for line in pathlib.Path(scrape).read_text().splitlines():
+        if line.startswith("# TYPE "):
+            families.add(line.split()[2])
+    unknown = set()
+    for _, _, expr in exprs:
+        for name in re.findall(r"\bshoal_[a-z0-9_]+", expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            if name not in families and base not in families:
+                unknown.add(name)
+    if unknown:
+        sys.exit(f"dashboard names metrics a live scrape lacks: {sorted(unknown)}")
+    print(f"dashboard ok: {len(exprs)} expressions, every metric in the scrape")
+
+
 def mesh_wait(secs, urls):
     deadline, want = time.monotonic() + secs, len(urls) - 1
     seen = {}
@@ -82,5 +111,7 @@ if __name__ == "__main__":
         kustomization(args[0])
     elif cmd == "mesh-wait":
         mesh_wait(float(args[0]), args[1:])
+    elif cmd == "dashboard":
+        dashboard(args[0], args[1], args[2])
     else:
         sys.exit(f"unknown command {cmd}")

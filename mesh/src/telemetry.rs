@@ -173,6 +173,19 @@ fn percentile(sorted: &[u64], q: f64) -> Option<f64> {
 /// Call it once after the recorder is installed (the router does).
 pub fn describe_metrics() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    // Drops are rare: their series start at 0 so dashboards read 0.
+    for reason in [
+        "handshake",
+        "no_hello",
+        "wrong_cluster",
+        "unverified",
+        "oversize",
+        "undecodable",
+        "version",
+        "unexpected_hello",
+    ] {
+        metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
+    }
     describe_gauge!(
         "shoal_mesh_members",
         "Live verified mesh members, this replica included."

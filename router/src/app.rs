@@ -8,9 +8,12 @@ use tokio::net::TcpListener;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use arc_swap::ArcSwap;
+
 use shoal_mesh::{Readiness, SharedWorkerSet};
 
 use crate::config::{Config, DiscoveryKind};
+use crate::engine_tls::{self, EngineTlsFiles};
 use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
@@ -19,7 +22,7 @@ use crate::serving::{self, IoThreads};
 use crate::sources::{WorkerSources, kubernetes};
 use crate::workers::Registry;
 use crate::workers::health;
-use crate::{load, policy, proxy, telemetry, upstream};
+use crate::{link, load, policy, proxy, reload, telemetry, upstream};
 
 /// Why a replica could not start.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +38,9 @@ pub enum StartError {
     /// The mesh could not start (bad TLS material, ports in use, ...).
     #[error(transparent)]
     Mesh(#[from] MeshStartError),
+    /// Keys or engine TLS files could not be read (the message names the flag).
+    #[error("{0}")]
+    Security(String),
 }
 
 /// A replica that is listening; drop-in for tests and `main`.
@@ -87,12 +93,26 @@ impl Server {
             None => Arc::new(LocalFleet::new(config.load.stale_after())),
         };
         let connect_timeout = config.proxy.connect_timeout();
+        let security = &config.security;
+        let tls = engine_tls::client_config(&EngineTlsFiles {
+            ca: security.worker_tls_ca.as_deref(),
+            cert: security.worker_tls_cert.as_deref(),
+            key: security.worker_tls_key.as_deref(),
+        })
+        .map_err(StartError::Security)?;
+        let auth = config.security.auth().map_err(StartError::Security)?;
+        let auth = Arc::new(ArcSwap::from_pointee(auth));
         let forwarder = proxy::Forwarder {
-            connect_timeout,
+            connector: link::Connector {
+                timeout: connect_timeout,
+                tls: tls.clone(),
+            },
             retry: config.retry.clone(),
             max_retries: config.retry.max_retries(),
             request_timeout: config.proxy.request_timeout(),
+            attempt_timeout: config.proxy.attempt_timeout(),
         };
+        let side_client = upstream::build_client(connect_timeout, tls).with_auth(auth.clone());
         // The recorder first: the route metrics register with it.
         let metrics = telemetry::install();
         let route_metrics =
@@ -103,7 +123,8 @@ impl Server {
             policy,
             fleet,
             forwarder,
-            side_client: upstream::build_client(connect_timeout),
+            auth,
+            side_client,
             route_metrics,
             metrics,
             mesh,
@@ -133,19 +154,19 @@ impl Server {
     ) -> std::io::Result<()> {
         let state = self.state;
         let config = state.config.clone();
-        let connect_timeout = config.proxy.connect_timeout();
         let mut background = tokio::task::JoinSet::new();
         background.spawn(health::run(
             state.registry.clone(),
-            upstream::build_client(connect_timeout),
+            state.side_client.clone(),
             config.health.clone(),
         ));
         background.spawn(load::run(
             state.registry.clone(),
-            upstream::build_client(connect_timeout),
+            state.side_client.clone(),
             load::MonitorConfig::new(&config.load, config.mesh.node_name(), state.mesh.clone()),
         ));
         background.spawn(state.sources.clone().run());
+        background.spawn(reload::on_sighup(state.clone()));
         if config.discovery.discovery == DiscoveryKind::Kubernetes {
             background.spawn(kubernetes::run(
                 config.discovery.clone(),
@@ -162,7 +183,7 @@ impl Server {
         let threads = serving::resolve_thread_count(config.io_threads);
         let mesh = state.mesh.clone();
         let front = http::Front::new(state.clone(), http::router(state.clone()));
-        let io = IoThreads::start(self.listener, threads, front)?;
+        let io = IoThreads::start(self.listener, threads, move |peer| front.for_peer(peer))?;
         tracing::info!(
             %addr,
             workers = state.registry.all().len(),

@@ -124,6 +124,32 @@ impl ApiError {
         )
     }
 
+    /// 401 `invalid_api_key` (OpenAI's code): no key, or not one of ours.
+    /// The message never echoes what was sent.
+    pub fn invalid_api_key(missing: bool) -> Self {
+        let message = match missing {
+            true => "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.",
+            false => "Incorrect API key provided.",
+        };
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            message,
+        )
+    }
+
+    /// 403 `admin_forbidden`: an admin write from a remote client while no
+    /// admin key is configured.
+    pub fn admin_forbidden() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "admin_forbidden",
+            "admin changes are accepted from loopback only until --admin-api-key is set",
+        )
+    }
+
     /// 405: known path, wrong method.
     pub fn method_not_allowed() -> Self {
         Self::new(
@@ -154,6 +180,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -6,8 +6,10 @@
 
 pub mod admission;
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod engine_tls;
 pub mod engines;
 pub mod error;
 pub mod fleet;
@@ -16,8 +18,10 @@ pub mod link;
 pub mod load;
 pub mod logging;
 pub mod mesh_setup;
+pub mod otel;
 pub mod policy;
 pub mod proxy;
+pub mod reload;
 pub mod request;
 pub mod serving;
 pub mod sources;

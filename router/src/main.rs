@@ -34,10 +34,20 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(err) = shoal::logging::init(&config.log_level, config.log_json) {
-        eprintln!("error: {err}");
-        return ExitCode::from(2);
-    }
+    let tracing = config
+        .otlp_endpoint
+        .as_deref()
+        .map(|endpoint| shoal::logging::Tracing {
+            endpoint,
+            service: &config.otel_service_name,
+        });
+    let otel = match shoal::logging::init(&config.log_level, config.log_json, tracing) {
+        Ok(otel) => otel,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
     if config.worker_urls.is_empty() {
         tracing::warn!("no --worker-urls given: add workers with POST /workers");
     }
@@ -48,7 +58,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match server.serve(shutdown_signal()).await {
+    let served = server.serve(shutdown_signal()).await;
+    if let Some(otel) = otel {
+        // The exporter's client blocks: flush off the async threads.
+        let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: server failed: {err}");

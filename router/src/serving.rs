@@ -21,6 +21,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -58,6 +59,18 @@ impl<S> ConnectionService for S where
 {
 }
 
+/// Makes the service of one connection from its peer's address (so the
+/// service can tell a loopback admin from a remote one).
+pub trait ServiceFactory<S: ConnectionService>:
+    Fn(SocketAddr) -> S + Clone + Send + Sync + 'static
+{
+}
+
+impl<S: ConnectionService, F> ServiceFactory<S> for F where
+    F: Fn(SocketAddr) -> S + Clone + Send + Sync + 'static
+{
+}
+
 /// Pause after an accept error that is not about one connection (e.g. out
 /// of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -89,13 +102,14 @@ pub struct IoThreads {
 }
 
 impl IoThreads {
-    /// Starts `count` I/O threads serving connections with `app`, and the
+    /// Starts `count` I/O threads serving each connection with the service
+    /// `make` builds for its peer, and the
     /// acceptor that feeds them from `listener` (spawned on the current
     /// runtime).
-    pub fn start(
+    pub fn start<S: ConnectionService>(
         listener: TcpListener,
         count: usize,
-        app: impl ConnectionService,
+        make: impl ServiceFactory<S>,
     ) -> io::Result<Self> {
         let (stop, stop_rx) = watch::channel(false);
         let mut lanes = Vec::with_capacity(count);
@@ -111,7 +125,7 @@ impl IoThreads {
             let open = Arc::new(AtomicUsize::new(0));
             let (done, finished_rx) = oneshot::channel();
             let thread = IoThread {
-                app: app.clone(),
+                make: make.clone(),
                 stop: stop_rx.clone(),
                 open: open.clone(),
             };
@@ -188,25 +202,32 @@ async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiv
 }
 
 /// What one I/O thread needs.
-struct IoThread<S> {
-    app: S,
+struct IoThread<F> {
+    make: F,
     stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
 }
 
-impl<S: ConnectionService> IoThread<S> {
-    async fn run(self, mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>) {
+impl<F> IoThread<F> {
+    async fn run<S: ConnectionService>(
+        self,
+        mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    ) where
+        F: ServiceFactory<S>,
+    {
         // Every connection holds a receiver; `closed()` resolves when the
         // last one is gone.
         let (all_closed, open_guard) = watch::channel(());
         let anchor = tokio::spawn(anchor_timer_wheel());
         while let Some(stream) = incoming.recv().await {
             let counted = OpenConnection(self.open.clone());
+            let peer = stream.peer_addr();
             match TcpStream::from_std(stream) {
                 Ok(stream) => {
+                    let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
                     let connection = serve_connection(
                         stream,
-                        self.app.clone(),
+                        (self.make)(peer.unwrap_or(unknown)),
                         self.stop.clone(),
                         (open_guard.clone(), counted),
                     );
@@ -340,7 +361,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let service = hyper_util::service::TowerToHyperService::new(app());
-        let io = IoThreads::start(listener, threads, service).unwrap();
+        let io = IoThreads::start(listener, threads, move |_peer| service.clone()).unwrap();
         (io, url)
     }
 

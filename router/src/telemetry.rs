@@ -47,6 +47,10 @@ pub const ENGINE_QUEUED_TOKENS: &str = "shoal_engine_queued_tokens";
 pub const WORKERS: &str = "shoal_workers";
 /// Inference requests refused by overload admission, by reason.
 pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
+/// Counter of refused requests, by scope (inference, admin) and reason.
+pub const AUTH_FAILURES_TOTAL: &str = "shoal_auth_failures_total";
+/// Counter of configuration reloads (SIGHUP), by result.
+pub const CONFIG_RELOADS_TOTAL: &str = "shoal_config_reloads_total";
 /// Counter of discovery failures, by kind (client, list, watch_start, gone, ...).
 pub const DISCOVERY_ERRORS_TOTAL: &str = "shoal_discovery_errors_total";
 /// Gauge: Ready endpoints discovery found at its last change.
@@ -70,6 +74,7 @@ pub fn install() -> Option<PrometheusHandle> {
             match builder.install_recorder() {
                 Ok(handle) => {
                     describe();
+                    zero_series();
                     shoal_mesh::describe_metrics();
                     Some(handle)
                 }
@@ -80,6 +85,23 @@ pub fn install() -> Option<PrometheusHandle> {
             }
         })
         .clone()
+}
+
+/// Creates the series of rare events at 0 (Prometheus practice for known
+/// label values): a dashboard or alert then reads 0, not "no data", and
+/// CI can check every dashboard expression against a live scrape.
+fn zero_series() {
+    for reason in ["queue_full", "queue_timeout", "fleet_saturated"] {
+        counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(0);
+    }
+    for scope in ["inference", "admin"] {
+        for reason in ["missing", "invalid", "not_loopback"] {
+            counter!(AUTH_FAILURES_TOTAL, "scope" => scope, "reason" => reason).increment(0);
+        }
+    }
+    for result in ["applied", "rejected"] {
+        counter!(CONFIG_RELOADS_TOTAL, "result" => result).increment(0);
+    }
 }
 
 /// Registers HELP text for every router metric (Prometheus tooling such as
@@ -159,6 +181,14 @@ fn describe() {
         "Inference requests refused by overload admission (--max-concurrent-requests): queue_full (429), queue_timeout (503) or fleet_saturated (503, --worker-max-inflight)."
     );
     describe_counter!(
+        AUTH_FAILURES_TOTAL,
+        "Requests refused by the API-key gate, by scope (inference, admin) and reason (missing, invalid, not_loopback)."
+    );
+    describe_counter!(
+        CONFIG_RELOADS_TOTAL,
+        "Configuration reloads on SIGHUP: applied, or rejected (the file did not parse or validate; nothing changed)."
+    );
+    describe_counter!(
         DISCOVERY_ERRORS_TOTAL,
         "Kubernetes discovery failures by kind: client (no credentials), list, watch_start, gone (410, re-listed), watch_status, watch_failed, no_resource_version. The watch retries with backoff and keeps the last known endpoints."
     );
@@ -166,6 +196,16 @@ fn describe() {
         DISCOVERED_ENDPOINTS,
         "Ready endpoints Kubernetes discovery found at its last change."
     );
+}
+
+/// Counts one request the API-key gate refused.
+pub fn auth_failure(scope: &'static str, reason: &'static str) {
+    counter!(AUTH_FAILURES_TOTAL, "scope" => scope, "reason" => reason).increment(1);
+}
+
+/// Counts one configuration reload by `result` (`applied`, `rejected`).
+pub fn config_reload(result: &'static str) {
+    counter!(CONFIG_RELOADS_TOTAL, "result" => result).increment(1);
 }
 
 /// Counts one discovery failure of `kind`.
@@ -200,6 +240,10 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     /// Registers the metrics of `route` (a label) with the current recorder.
     pub fn register(route: &'static str) -> Self {
+        // Retries are rare: their series start at 0 (see `zero_series`).
+        for reason in ["status", "transport", "attempt_timeout"] {
+            counter!(RETRIES_TOTAL, "route" => route, "reason" => reason).increment(0);
+        }
         Self {
             route,
             duration: histogram!(REQUEST_DURATION, "route" => route),
@@ -239,6 +283,9 @@ pub struct RequestRecord {
     metrics: Arc<RouteMetrics>,
     started: Instant,
     status: Option<u16>,
+    /// The request's OpenTelemetry span, when tracing is on: it ends with
+    /// the record, so a stream's span lasts until the stream does.
+    span: Option<tracing::Span>,
 }
 
 impl RequestRecord {
@@ -248,7 +295,19 @@ impl RequestRecord {
             metrics,
             started: Instant::now(),
             status: None,
+            span: None,
         }
+    }
+
+    /// The same record, traced by `span` (see `otel`).
+    pub fn with_span(mut self, span: Option<tracing::Span>) -> Self {
+        self.span = span;
+        self
+    }
+
+    /// The request's span, when tracing is on.
+    pub fn span(&self) -> Option<&tracing::Span> {
+        self.span.as_ref()
     }
 
     /// The route label, for the other per-route metrics of this request.
@@ -272,12 +331,18 @@ impl RequestRecord {
     pub fn first_token(&self) {
         let seconds = self.started.elapsed().as_secs_f64();
         self.metrics.first_token.record(seconds);
+        if let Some(span) = &self.span {
+            span.record("shoal.ttft_ms", seconds * 1000.0);
+        }
     }
 
     /// Sets the final status; the request is counted with it when the
     /// record is dropped (for a streamed answer: when the stream ends).
     pub fn set_status(&mut self, status: u16) {
         self.status = Some(status);
+        if let Some(span) = &self.span {
+            span.record("http.response.status_code", status);
+        }
     }
 
     /// Counts the request now with `response`'s status and returns the

@@ -4,28 +4,85 @@
 //! The proxied requests themselves go through `link`, the proxy's own
 //! HTTP/1.1 client; this general pooled client serves the side channels.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
+use http::{HeaderValue, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-/// Pooled HTTP/1.1 client to engines.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+use crate::auth::Auth;
 
-/// Builds a client whose TCP connects give up after `connect_timeout`.
-pub fn build_client(connect_timeout: Duration) -> HttpClient {
+/// Pooled HTTP/1.1 client to engines (`http://` and `https://`), sending
+/// `--worker-api-key` when one is configured.
+#[derive(Clone)]
+pub struct HttpClient {
+    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The replica's keys (read per request: a reload may change them).
+    auth: Option<Arc<ArcSwap<Auth>>>,
+    /// A fixed `Authorization` (the CLI's admin key), else `auth`'s.
+    authorization: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient").finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    /// The same client, sending the worker key of `auth` to engines.
+    pub fn with_auth(self, auth: Arc<ArcSwap<Auth>>) -> Self {
+        Self {
+            auth: Some(auth),
+            ..self
+        }
+    }
+
+    /// The same client, sending this `Authorization` on every request.
+    pub fn with_authorization(self, authorization: Option<HeaderValue>) -> Self {
+        Self {
+            authorization,
+            ..self
+        }
+    }
+
+    fn authorization(&self) -> Option<HeaderValue> {
+        match &self.authorization {
+            Some(value) => Some(value.clone()),
+            None => self.auth.as_ref()?.load().worker_header().cloned(),
+        }
+    }
+}
+
+/// Builds a client whose connects (TLS handshake included) give up after
+/// `connect_timeout`, trusting `https://` engines as `tls` says.
+pub fn build_client(connect_timeout: Duration, tls: Arc<rustls::ClientConfig>) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(connector)
+    connector.enforce_http(false);
+    // hyper-rustls sets ALPN itself from the HTTP versions it enables.
+    let mut tls = (*tls).clone();
+    tls.alpn_protocols.clear();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    HttpClient {
+        inner: Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(https),
+        auth: None,
+        authorization: None,
+    }
 }
 
 /// Joins a worker base URL (maybe with a path prefix) and a request path.
@@ -63,11 +120,15 @@ pub async fn get(
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
     let uri = join(base, path).map_err(|e| FetchError::Url(e.to_string()))?;
-    let request = Request::get(uri)
+    let mut request = Request::get(uri)
         .body(Full::new(Bytes::new()))
         .map_err(|e| FetchError::Url(e.to_string()))?;
+    if let Some(value) = client.authorization() {
+        request.headers_mut().insert(header::AUTHORIZATION, value);
+    }
     let exchange = async {
         let response = client
+            .inner
             .request(request)
             .await
             .map_err(|e| FetchError::Transport(error_chain(&e)))?;

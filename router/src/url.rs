@@ -4,18 +4,19 @@
 
 use http::Uri;
 
-/// Checks and normalises a worker base URL: `http://host[:port][/prefix]`,
-/// no query, no trailing slash. Only plain HTTP is proxied for now.
+/// Checks and normalises a worker base URL: `http[s]://host[:port][/prefix]`,
+/// no query, no trailing slash (`https://` engines are reached over TLS;
+/// see `engine_tls`).
 pub fn normalize_url(text: &str) -> Result<String, String> {
     let trimmed = text.trim().trim_end_matches('/');
     let uri: Uri = trimmed
         .parse()
         .map_err(|err| format!("`{text}` is not a URL: {err}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
+        Some("http" | "https") => {}
         Some(other) => {
             return Err(format!(
-                "`{text}`: scheme `{other}` is not supported (use http://)"
+                "`{text}`: scheme `{other}` is not supported (use http:// or https://)"
             ));
         }
         None => return Err(format!("`{text}` needs a scheme, e.g. http://{text}")),

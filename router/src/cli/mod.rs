@@ -47,6 +47,9 @@ enum MeshCommand {
         /// Print the raw JSON instead of the table.
         #[arg(long)]
         json: bool,
+        /// The replica's --admin-api-key, when it has one.
+        #[arg(long, env = "SHOAL_ADMIN_API_KEY", hide_env_values = true)]
+        admin_api_key: Option<crate::auth::Secret>,
     },
 }
 
@@ -93,7 +96,11 @@ pub async fn run(args: Vec<OsString>) -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        MeshCommand::Status { url, json } => match status::fetch(&url).await {
+        MeshCommand::Status {
+            url,
+            json,
+            admin_api_key,
+        } => match status::fetch(&url, admin_api_key.as_ref()).await {
             Ok(value) if json => {
                 println!(
                     "{}",

@@ -10,12 +10,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::auth::Secret;
 use crate::upstream;
 
-/// Fetches `url/mesh/status` and parses it.
-pub async fn fetch(url: &str) -> Result<Value, String> {
+/// Fetches `url/mesh/status` (with the replica's admin key, when it has
+/// one) and parses it.
+pub async fn fetch(url: &str, admin_key: Option<&Secret>) -> Result<Value, String> {
     let base = crate::url::normalize_url(url).map_err(|e| format!("--url: {e}"))?;
-    let client = upstream::build_client(Duration::from_secs(3));
+    let tls = crate::engine_tls::client_config(&crate::engine_tls::EngineTlsFiles::default())?;
+    let client = upstream::build_client(Duration::from_secs(3), tls)
+        .with_authorization(admin_key.and_then(crate::auth::bearer_header));
     let (status, body) = upstream::get(
         &client,
         &base,

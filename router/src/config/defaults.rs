@@ -67,6 +67,11 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
 /// Deadline for opening a TCP connection to a worker.
 pub const CONNECT_TIMEOUT_MS: u64 = 3000;
+/// Deadline for one attempt's response headers: a worker that accepts and
+/// never answers is left for another after this. Streams answer headers at
+/// once; a non-streamed completion answers when it is done, so this must
+/// exceed the longest one (3 minutes: ~5,000 tokens at 30 tokens/s).
+pub const ATTEMPT_TIMEOUT_SECS: u64 = 180;
 
 /// Inference requests proxied at once per replica; 0 = no limit (the router
 /// cannot know what its engines hold, so admission is opt-in).
@@ -137,3 +142,6 @@ pub const CHARS_PER_TOKEN: u64 = 4;
 /// Seconds an admin removal of a worker lasts fleet-wide (the mesh's own
 /// default, so one number holds with or without a mesh).
 pub const WORKER_REMOVAL_TTL_SECS: u64 = shoal_mesh::DEFAULT_WORKER_REMOVAL_TTL.as_secs();
+
+/// `service.name` of exported OpenTelemetry spans.
+pub const OTEL_SERVICE_NAME: &str = "shoal";

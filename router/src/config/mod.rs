@@ -12,7 +12,8 @@
 //! [`BreakerConfig`], the health checker [`HealthConfig`], the load monitor
 //! and fleet view [`LoadPollConfig`], the admission gate
 //! [`AdmissionConfig`], the mesh [`MeshArgs`], the worker sources and
-//! discovery [`DiscoveryConfig`]. A group's fields are named
+//! discovery [`DiscoveryConfig`], the auth gate and engine client
+//! [`SecurityConfig`]. A group's fields are named
 //! after their flags (`retry_max_retries` is `--retry-max-retries`), so one
 //! grep finds both; durations are stored as the flag's number and read
 //! through a method (`RetryConfig::initial_backoff`). Consumers import their
@@ -28,6 +29,7 @@ mod parsers;
 mod proxy;
 mod retry;
 mod routing;
+mod security;
 mod worker_health;
 
 use std::path::PathBuf;
@@ -47,6 +49,7 @@ pub use routing::{
     LoadAwareConfig, PREFIX_AFFINITY_FLAGS, PolicyKind, PrefixAffinityConfig, ROUTING_FLAGS,
     RoutingConfig,
 };
+pub use security::{SECURITY_FLAGS, SecurityConfig};
 pub use worker_health::{BREAKER_FLAGS, BreakerConfig, HEALTH_FLAGS, HealthConfig};
 
 /// Every knob of one `shoal` replica. Parsed by clap; see the README's flag
@@ -95,6 +98,16 @@ pub struct Config {
     #[arg(long, env = "SHOAL_LOG_JSON")]
     pub log_json: bool,
 
+    /// OTLP/HTTP endpoint (base URL) to export one OpenTelemetry span per
+    /// request to (spans go to ENDPOINT/v1/traces); engines get the span's
+    /// `traceparent`. Unset: no tracing.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = defaults::OTEL_SERVICE_NAME)]
+    pub otel_service_name: String,
+
     // Groups come after the ungrouped flags: each sets the help heading of
     // the flags that follow it.
     /// `--policy` and the policies' knobs.
@@ -129,9 +142,29 @@ pub struct Config {
     #[command(flatten)]
     pub mesh: MeshArgs,
 
+    /// The arguments this configuration was parsed from, so a reload
+    /// (SIGHUP) parses the same flags again with the file's new content.
+    #[arg(skip)]
+    pub argv: ReloadArgs,
+
     /// Worker-list settings: admin removals and discovery.
     #[command(flatten)]
     pub discovery: DiscoveryConfig,
+
+    /// API keys and how engines are reached securely.
+    #[command(flatten)]
+    pub security: SecurityConfig,
+}
+
+/// The command line a configuration came from (it may hold keys: its
+/// `Debug` shows only how many arguments there are).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ReloadArgs(pub Vec<std::ffi::OsString>);
+
+impl std::fmt::Debug for ReloadArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReloadArgs({} arguments)", self.0.len())
+    }
 }
 
 /// Why a configuration could not be built; each message names its source.
@@ -162,6 +195,7 @@ impl Config {
         T: Into<std::ffi::OsString> + Clone,
     {
         let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let args_for_reload = args.clone();
         let first = Self::command().try_get_matches_from(&args)?;
         let config_path = first.get_one::<PathBuf>("config").cloned();
         let argv = match config_path {
@@ -177,8 +211,9 @@ impl Config {
             None => args,
         };
         let matches = Self::command().try_get_matches_from(argv)?;
-        let config = Self::from_arg_matches(&matches)?;
+        let mut config = Self::from_arg_matches(&matches)?;
         config.validate()?;
+        config.argv = ReloadArgs(args_for_reload);
         Ok(config)
     }
 
@@ -189,6 +224,7 @@ impl Config {
         self.load.validate().map_err(ConfigError::Invalid)?;
         self.mesh.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
+        self.security.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

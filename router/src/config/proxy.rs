@@ -23,6 +23,13 @@ pub struct ProxyConfig {
     #[arg(long, env = "SHOAL_REQUEST_TIMEOUT_SECS", default_value_t = defaults::REQUEST_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
     pub request_timeout_secs: u64,
 
+    /// Deadline for one attempt's response headers; past it the attempt
+    /// fails and the request is retried on another worker (nothing has
+    /// reached the client yet). Non-streamed requests answer only when
+    /// done: keep this above the longest one. 0 = off.
+    #[arg(long, env = "SHOAL_ATTEMPT_TIMEOUT_SECS", default_value_t = defaults::ATTEMPT_TIMEOUT_SECS)]
+    pub attempt_timeout_secs: u64,
+
     /// Deadline for opening a connection to a worker, in milliseconds.
     #[arg(long, env = "SHOAL_CONNECT_TIMEOUT_MS", default_value_t = defaults::CONNECT_TIMEOUT_MS, value_parser = parsers::positive_u64)]
     pub connect_timeout_ms: u64,
@@ -40,6 +47,7 @@ impl Default for ProxyConfig {
         Self {
             max_payload_bytes: defaults::MAX_PAYLOAD_BYTES,
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
+            attempt_timeout_secs: defaults::ATTEMPT_TIMEOUT_SECS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
             worker_max_inflight: defaults::WORKER_MAX_INFLIGHT,
         }
@@ -50,6 +58,11 @@ impl ProxyConfig {
     /// Deadline for a whole request.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// Deadline for one attempt's response headers (`None`: off).
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        (self.attempt_timeout_secs > 0).then(|| Duration::from_secs(self.attempt_timeout_secs))
     }
 
     /// Deadline for opening a connection to a worker.

@@ -16,10 +16,12 @@ use http_body_util::{BodyExt, Limited};
 
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody};
+use crate::auth::Forward;
 use crate::error::ApiError;
 use crate::proxy::{Outgoing, WorkerPool};
 use crate::request::{self, Route};
 use crate::telemetry::{self, RequestRecord};
+use crate::{link, otel};
 
 async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|len| len > limit as u64) {
@@ -45,7 +47,8 @@ fn refused(record: RequestRecord, reason: &'static str, response: Response) -> R
 
 /// Handles one inference request on `route`.
 pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
-    let record = RequestRecord::start(app.route_metrics[route.index()].clone());
+    let span = otel::request_span(route.label(), app.policy.name(), request.headers());
+    let record = RequestRecord::start(app.route_metrics[route.index()].clone()).with_span(span);
     let permit = match app.admission.admit().await {
         Ok(permit) => permit,
         Err(rejection) => {
@@ -93,9 +96,21 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         policy: app.policy.as_ref(),
         fleet: app.fleet.as_ref(),
     };
+    if let (Some(span), Some(model)) = (record.span(), info.model.as_deref()) {
+        span.record("gen_ai.request.model", model);
+    }
+    let traceparent = record.span().and_then(otel::traceparent);
+    let auth = app.auth.load();
+    let authorization = match auth.forward() {
+        Forward::Client => link::Authorization::Forward,
+        Forward::Drop => link::Authorization::Drop,
+        Forward::Worker(key) => link::Authorization::Set(key),
+    };
     let outgoing = Outgoing {
         method: &parts.method,
         headers: &parts.headers,
+        authorization,
+        traceparent: traceparent.as_ref(),
         path_and_query,
         body: bytes,
         info: &info,

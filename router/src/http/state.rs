@@ -3,10 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use shoal_mesh::Mesh;
 
 use crate::admission::Admission;
+use crate::auth::Auth;
 use crate::config::Config;
 use crate::fleet::FleetView;
 use crate::policy::Policy;
@@ -22,6 +24,9 @@ use crate::workers::Registry;
 pub struct AppState {
     /// The validated configuration.
     pub config: Arc<Config>,
+    /// The API keys (swapped whole on a configuration reload; the side
+    /// client reads the worker key from the same cell).
+    pub auth: Arc<ArcSwap<Auth>>,
     /// The workers.
     pub registry: Arc<Registry>,
     /// Where the workers come from (admin changes go through it).

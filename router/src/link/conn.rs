@@ -20,8 +20,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 /// An idle connection older than this is closed, not reused (engines'
 /// own keep-alive timeouts are often shorter; see [`PROBE_AFTER`]).
@@ -37,31 +40,115 @@ const READ_CHUNK: usize = 16 * 1024;
 /// How often a pool sweeps every engine's idle list for expired ones.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
+/// The socket of a connection: plain TCP, or TLS over it (`https://`).
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What a TLS connection is opened with: the client configuration and the
+/// name the engine's certificate must carry (also sent as SNI).
+pub type TlsTarget = (Arc<rustls::ClientConfig>, ServerName<'static>);
+
 /// An open connection to one engine with its read buffer.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not consumed yet.
     pub buf: BytesMut,
-    /// The engine's `host:port`: the pool key.
+    /// The pool key: the engine's `host:port`, `tls://`-prefixed for TLS.
     authority: Arc<str>,
     idle_since: Instant,
 }
 
 impl Conn {
-    /// Opens a connection (TCP_NODELAY: requests are written whole).
-    pub async fn connect(authority: Arc<str>, timeout: Duration) -> Result<Self, ConnectError> {
-        let connecting = TcpStream::connect(&*authority);
-        let stream = match tokio::time::timeout(timeout, connecting).await {
-            Err(_) => return Err(ConnectError::Timeout(timeout)),
-            Ok(Err(err)) => return Err(ConnectError::Io(err)),
-            Ok(Ok(stream)) => stream,
+    /// Opens a connection to `addr` (`host:port`) pooled under `key`, over
+    /// TLS when `tls` says so, all within `timeout` (TCP_NODELAY: requests
+    /// are written whole).
+    pub async fn connect(
+        key: Arc<str>,
+        addr: &str,
+        tls: Option<TlsTarget>,
+        timeout: Duration,
+    ) -> Result<Self, ConnectError> {
+        let connecting = async {
+            let tcp = TcpStream::connect(addr).await.map_err(ConnectError::Io)?;
+            tcp.set_nodelay(true).map_err(ConnectError::Io)?;
+            match tls {
+                None => Ok(Stream::Plain(tcp)),
+                Some((config, name)) => TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await
+                    .map(|s| Stream::Tls(Box::new(s)))
+                    .map_err(ConnectError::Tls),
+            }
         };
-        stream.set_nodelay(true).map_err(ConnectError::Io)?;
+        let stream = tokio::time::timeout(timeout, connecting)
+            .await
+            .map_err(|_| ConnectError::Timeout(timeout))??;
         Ok(Self {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
-            authority,
+            authority: key,
             idle_since: Instant::now(),
         })
     }
@@ -81,6 +168,10 @@ impl Conn {
             let from_head = n.min(head.len() - head_sent);
             head_sent += from_head;
             body_sent += n - from_head;
+        }
+        if let Stream::Tls(_) = self.stream {
+            // TLS records may still sit in the session's buffer.
+            self.stream.flush().await?;
         }
         Ok(())
     }
@@ -115,8 +206,16 @@ impl Conn {
         if idle < PROBE_AFTER {
             return true;
         }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
+        match &self.stream {
+            Stream::Plain(tcp) => {
+                let mut probe = [0u8; 1];
+                matches!(tcp.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
+            }
+            // A TLS socket cannot be peeked at without decrypting: a
+            // connection the engine closed shows as a stale exchange, which
+            // `link::send` retries once on a new connection.
+            Stream::Tls(_) => true,
+        }
     }
 }
 
@@ -129,6 +228,9 @@ pub enum ConnectError {
     /// The connect failed.
     #[error("connect failed: {0}")]
     Io(io::Error),
+    /// The TLS handshake failed (untrusted certificate, wrong name, ...).
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
 }
 
 /// One thread's idle connections, by engine.

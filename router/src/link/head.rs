@@ -10,6 +10,8 @@ use std::mem::MaybeUninit;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
+use super::Authorization;
+
 /// Most header lines accepted in a response head.
 pub const MAX_HEADERS: usize = 128;
 /// Largest response head accepted, in bytes.
@@ -40,13 +42,15 @@ fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<Vec<u8>> 
 /// end-to-end headers, and the body's `content-length`.
 ///
 /// Not forwarded: `host` and `content-length` (set here), `expect` (the
-/// body was already read, so there is nothing to wait for) and the
-/// hop-by-hop headers.
+/// body was already read, so there is nothing to wait for), the
+/// hop-by-hop headers, and the client's `authorization` unless
+/// `authorization` says [`Authorization::Forward`] (a `Set` one is written
+/// instead).
 pub fn encode_request(
     method: &Method,
     authority: &str,
     target: (&str, &str),
-    headers: &HeaderMap,
+    (headers, authorization, traceparent): (&HeaderMap, Authorization<'_>, Option<&HeaderValue>),
     body_len: usize,
     out: &mut Vec<u8>,
 ) {
@@ -71,6 +75,9 @@ pub fn encode_request(
         if name == header::HOST
             || name == header::CONTENT_LENGTH
             || name == header::EXPECT
+            || (name == header::AUTHORIZATION && authorization != Authorization::Forward)
+            || (traceparent.is_some()
+                && (name.as_str() == "traceparent" || name.as_str() == "tracestate"))
             || is_fixed_hop_by_hop(name)
             || named
                 .iter()
@@ -80,6 +87,16 @@ pub fn encode_request(
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Authorization::Set(value) = authorization {
+        out.extend_from_slice(b"authorization: ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(value) = traceparent {
+        out.extend_from_slice(b"traceparent: ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
@@ -302,19 +319,34 @@ mod tests {
                 HeaderValue::from_static(value),
             );
         }
-        let mut out = Vec::new();
-        encode_request(
-            &Method::POST,
-            "engine:8000",
-            ("/prefix", "/v1/chat/completions?x=1"),
-            &headers,
-            42,
-            &mut out,
-        );
+        let encode = |authorization| {
+            let mut out = Vec::new();
+            encode_request(
+                &Method::POST,
+                "engine:8000",
+                ("/prefix", "/v1/chat/completions?x=1"),
+                (&headers, authorization, None),
+                42,
+                &mut out,
+            );
+            String::from_utf8(out).unwrap()
+        };
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            encode(Authorization::Forward),
             "POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\nhost: engine:8000\r\n\
              authorization: Bearer kept\r\nx-request-id: kept\r\ncontent-length: 42\r\n\r\n"
+        );
+        assert_eq!(
+            encode(Authorization::Drop),
+            "POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\nhost: engine:8000\r\n\
+             x-request-id: kept\r\ncontent-length: 42\r\n\r\n",
+            "a Shoal key never reaches the engine"
+        );
+        let engine_key = HeaderValue::from_static("Bearer engine");
+        assert_eq!(
+            encode(Authorization::Set(&engine_key)),
+            "POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\nhost: engine:8000\r\n\
+             x-request-id: kept\r\nauthorization: Bearer engine\r\ncontent-length: 42\r\n\r\n"
         );
     }
 

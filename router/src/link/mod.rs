@@ -13,8 +13,11 @@
 //! zero-copy. Connections are pooled per thread (`conn`). Health checks,
 //! load polls and model lists keep using `upstream`'s general client.
 //!
-//! What it does not do: HTTP/2, TLS, upgrades, request bodies that stream
-//! (the proxy reads a request whole before routing it).
+//! `https://` engines are reached over TLS (rustls, the [`Connector`]'s
+//! configuration); TLS and plain connections are pooled apart.
+//!
+//! What it does not do: HTTP/2, upgrades, request bodies that stream (the
+//! proxy reads a request whole before routing it).
 
 mod body;
 mod chunked;
@@ -26,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use http::{HeaderMap, Method, Response};
+use http::{HeaderMap, HeaderValue, Method, Response};
+use rustls::pki_types::ServerName;
 
 pub use body::LinkBody;
 #[cfg(test)]
@@ -38,7 +42,7 @@ use head::HeadError;
 /// Why an exchange with an engine failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    /// The worker URL is not `http://host[:port][/prefix]`.
+    /// The worker URL is not `http[s]://host[:port][/prefix]`.
     #[error("bad worker URL `{0}`")]
     Url(String),
     /// No connection could be opened.
@@ -67,15 +71,41 @@ pub enum LinkError {
 /// One request to send: everything but the worker.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
-    /// Method (the proxy sends POST).
+    /// Method, as the client sent it.
     pub method: &'a Method,
     /// Path and query, appended to the worker's path prefix.
     pub path_and_query: &'a str,
     /// The client's headers; hop-by-hop ones, `host`, `content-length`
     /// and `expect` are not forwarded.
     pub headers: &'a HeaderMap,
+    /// What `Authorization` the engine gets.
+    pub authorization: Authorization<'a>,
+    /// A `traceparent` sent instead of the client's `traceparent` and
+    /// `tracestate` (the router's own span, when tracing is on).
+    pub traceparent: Option<&'a HeaderValue>,
     /// The request body, sent whole.
     pub body: &'a Bytes,
+}
+
+/// The `Authorization` header sent to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authorization<'a> {
+    /// The client's, if it sent one.
+    Forward,
+    /// None at all.
+    Drop,
+    /// This one, instead of the client's.
+    Set(&'a HeaderValue),
+}
+
+/// How the link opens connections: the connect deadline (TLS handshake
+/// included) and the TLS client configuration for `https://` engines.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    /// Deadline for opening a connection.
+    pub timeout: Duration,
+    /// Trust and client identity for `https://` engines.
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 /// A worker base URL split for the wire.
@@ -85,32 +115,47 @@ struct Target<'a> {
     host: &'a str,
     /// Path prefix (empty or starting with `/`).
     prefix: &'a str,
+    /// `https://`.
+    tls: bool,
 }
 
 impl<'a> Target<'a> {
     fn parse(base: &'a str) -> Result<Self, LinkError> {
-        let rest = base
-            .strip_prefix("http://")
-            .ok_or_else(|| LinkError::Url(base.to_string()))?;
+        let (rest, tls) = match (base.strip_prefix("http://"), base.strip_prefix("https://")) {
+            (Some(rest), _) => (rest, false),
+            (_, Some(rest)) => (rest, true),
+            _ => return Err(LinkError::Url(base.to_string())),
+        };
         let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if host.is_empty() {
             return Err(LinkError::Url(base.to_string()));
         }
-        Ok(Self { host, prefix })
+        Ok(Self { host, prefix, tls })
     }
 
-    /// `host:port` to connect to (port 80 when the URL has none).
+    /// `host:port` to connect to (port 80, or 443 for TLS, when the URL
+    /// has none).
     fn connect_authority(&self) -> Cow<'a, str> {
         let has_port = match self.host.rfind(']') {
             // IPv6 literal: a port follows the bracket.
             Some(bracket) => self.host[bracket..].contains(':'),
             None => self.host.contains(':'),
         };
-        if has_port {
-            Cow::Borrowed(self.host)
-        } else {
-            Cow::Owned(format!("{}:80", self.host))
+        match (has_port, self.tls) {
+            (true, _) => Cow::Borrowed(self.host),
+            (false, false) => Cow::Owned(format!("{}:80", self.host)),
+            (false, true) => Cow::Owned(format!("{}:443", self.host)),
         }
+    }
+
+    /// The name the engine's certificate must carry: the host without its
+    /// port or IPv6 brackets.
+    fn server_name(&self) -> Result<ServerName<'static>, LinkError> {
+        let host = match self.host.rfind(']') {
+            Some(end) => &self.host[1..end],
+            None => self.host.split(':').next().unwrap_or(self.host),
+        };
+        ServerName::try_from(host.to_string()).map_err(|_| LinkError::Url(self.host.to_string()))
     }
 }
 
@@ -124,7 +169,7 @@ impl<'a> Target<'a> {
 pub async fn send(
     base: &str,
     request: Request<'_>,
-    connect_timeout: Duration,
+    connector: &Connector,
 ) -> Result<Response<LinkBody>, LinkError> {
     let target = Target::parse(base)?;
     let mut head = Vec::with_capacity(256 + request.headers.len() * 64);
@@ -132,19 +177,28 @@ pub async fn send(
         request.method,
         target.host,
         (target.prefix, request.path_and_query),
-        request.headers,
+        (request.headers, request.authorization, request.traceparent),
         request.body.len(),
         &mut head,
     );
-    let authority = target.connect_authority();
-    if let Some(conn) = conn::take(&authority) {
+    let addr = target.connect_authority();
+    // TLS and plain connections to one address never share a pool.
+    let key: Cow<'_, str> = match target.tls {
+        false => Cow::Borrowed(&addr),
+        true => Cow::Owned(format!("tls://{addr}")),
+    };
+    if let Some(conn) = conn::take(&key) {
         match exchange(conn, &head, request).await {
             Err(Exchange::Stale(_)) => {}
             Err(Exchange::Failed(err)) => return Err(err),
             Ok(response) => return Ok(response),
         }
     }
-    let conn = Conn::connect(Arc::from(authority), connect_timeout).await?;
+    let tls = match target.tls {
+        false => None,
+        true => Some((connector.tls.clone(), target.server_name()?)),
+    };
+    let conn = Conn::connect(Arc::from(key), &addr, tls, connector.timeout).await?;
     match exchange(conn, &head, request).await {
         Ok(response) => Ok(response),
         Err(Exchange::Stale(err) | Exchange::Failed(err)) => Err(err),

@@ -13,6 +13,19 @@ use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The connector of these tests (plain HTTP engines; the TLS configuration
+/// is built once).
+fn connector() -> Connector {
+    static TLS: std::sync::LazyLock<std::sync::Arc<rustls::ClientConfig>> =
+        std::sync::LazyLock::new(|| {
+            crate::engine_tls::client_config(&crate::engine_tls::EngineTlsFiles::default()).unwrap()
+        });
+    Connector {
+        timeout: TIMEOUT,
+        tls: TLS.clone(),
+    }
+}
+
 /// Reads one request (head and `content-length` body) from `stream`;
 /// `None` at end-of-file.
 async fn read_request(stream: &mut TcpStream, pending: &mut Vec<u8>) -> Option<Vec<u8>> {
@@ -94,9 +107,11 @@ async fn post_with(
         method: &Method::POST,
         path_and_query: "/v1/chat/completions",
         headers,
+        authorization: super::Authorization::Forward,
+        traceparent: None,
         body: &body,
     };
-    send(base, request, TIMEOUT).await
+    send(base, request, &connector()).await
 }
 
 async fn text(response: Response<LinkBody>) -> String {
@@ -298,8 +313,23 @@ async fn a_refused_connect_and_a_bad_url_are_errors() {
     drop(listener);
     let error = post(&url, "{}").await.unwrap_err();
     assert!(matches!(error, LinkError::Connect(_)), "{error}");
-    let error = post("https://engine:8000", "{}").await.unwrap_err();
+    let error = post("ftp://engine:8000", "{}").await.unwrap_err();
     assert!(matches!(error, LinkError::Url(_)), "{error}");
+}
+
+#[test]
+fn https_targets_default_to_443_and_name_their_host_for_the_certificate() {
+    let target = Target::parse("https://engine.example/v1").unwrap();
+    assert!(target.tls);
+    assert_eq!(target.connect_authority(), "engine.example:443");
+    assert_eq!(
+        target.server_name().unwrap(),
+        rustls::pki_types::ServerName::try_from("engine.example").unwrap()
+    );
+    let ip = Target::parse("https://[::1]:8443").unwrap();
+    assert_eq!(ip.connect_authority(), "[::1]:8443");
+    assert_eq!(ip.server_name().unwrap().to_str(), "::1");
+    assert!(!Target::parse("http://engine:80").unwrap().tls);
 }
 
 #[test]

@@ -42,10 +42,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use super::knobs::Knobs;
 use super::pick::{self, MinPick};
 use super::prefix_tree::{Level, PrefixTree, SharedTree, TreeUpkeep};
 use super::{Policy, signals};
-use crate::config::CacheAwareConfig;
+use crate::config::{CacheAwareConfig, RoutingConfig};
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -105,7 +106,7 @@ enum Imbalance {
 /// The `cache_aware` policy.
 #[derive(Debug)]
 pub struct CacheAwarePolicy {
-    config: CacheAwareConfig,
+    config: Arc<Knobs<CacheAwareConfig>>,
     /// `config.eviction_interval()`, kept apart so tests can use a
     /// sub-second one.
     eviction_interval: Duration,
@@ -117,7 +118,7 @@ impl CacheAwarePolicy {
     pub fn new(config: CacheAwareConfig) -> Self {
         Self {
             eviction_interval: config.eviction_interval(),
-            config,
+            config: Arc::new(Knobs::new(config)),
             tree: Arc::default(),
         }
     }
@@ -125,11 +126,10 @@ impl CacheAwarePolicy {
     /// Runs one upkeep round now (what the background task does every
     /// `--eviction-interval-secs`) and says what it did.
     pub fn evict_now(&self) -> TreeUpkeep {
-        self.tree.maintain(self.config.max_tree_size)
+        self.tree.maintain(self.config.get().max_tree_size)
     }
 
-    fn imbalance(&self, s: &Survey) -> Option<Imbalance> {
-        let c = &self.config;
+    fn imbalance(&self, s: &Survey, c: &CacheAwareConfig) -> Option<Imbalance> {
         if let Some((lo, hi)) = s.kv_range
             && (hi > c.overload_token_usage_threshold || hi - lo > c.balance_token_usage_threshold)
         {
@@ -144,9 +144,13 @@ impl CacheAwarePolicy {
     /// The fewest fleet in-flight requests among the candidates under
     /// both KV thresholds, or, if every one is over the overload
     /// threshold, among those within the balance threshold of the coldest.
-    fn least_loaded_under_kv_thresholds(&self, s: &Survey, seed: u64) -> Option<usize> {
+    fn least_loaded_under_kv_thresholds(
+        &self,
+        s: &Survey,
+        c: &CacheAwareConfig,
+        seed: u64,
+    ) -> Option<usize> {
         let (lo, _) = s.kv_range?;
-        let c = &self.config;
         let mut cool = MinPick::new(seed);
         let mut near_coldest = MinPick::new(seed);
         for (i, k) in s.usage.iter().enumerate() {
@@ -168,13 +172,14 @@ impl CacheAwarePolicy {
         text: &[u8],
         candidates: &[Arc<Worker>],
         s: &Survey,
+        cache_threshold: f64,
         seed: u64,
     ) -> Option<usize> {
         let mut path: Vec<Level> = Vec::new();
         tree.walk(text, &mut path);
         let mut scanned_tenants = 0;
         for level in path.iter().rev() {
-            if level.matched as f64 / text.len() as f64 <= self.config.cache_threshold {
+            if level.matched as f64 / text.len() as f64 <= cache_threshold {
                 break;
             }
             let tenants = tree.tenants(level.node);
@@ -210,15 +215,16 @@ impl Policy for CacheAwarePolicy {
         fleet: &dyn FleetView,
     ) -> Option<usize> {
         let seed = pick::seed();
+        let c = self.config.get();
         let s = survey(candidates, fleet, seed);
         let text = request.text.as_deref().unwrap_or_default().as_bytes();
         let mut tree = self.tree.lock();
-        let chosen = match self.imbalance(&s) {
-            Some(Imbalance::Kv) => self.least_loaded_under_kv_thresholds(&s, seed),
+        let chosen = match self.imbalance(&s, &c) {
+            Some(Imbalance::Kv) => self.least_loaded_under_kv_thresholds(&s, &c, seed),
             Some(Imbalance::Requests) => s.least_loaded.index(),
             None if text.is_empty() => s.least_loaded.index(),
             None => self
-                .affinity(&tree, text, candidates, &s, seed)
+                .affinity(&tree, text, candidates, &s, c.cache_threshold, seed)
                 .or(s.least_loaded.index()),
         }?;
         if !text.is_empty() {
@@ -231,6 +237,12 @@ impl Policy for CacheAwarePolicy {
         true
     }
 
+    fn reconfigure(&self, routing: &RoutingConfig) {
+        // The upkeep interval is fixed when the task starts; the rest
+        // applies from the next selection (and upkeep round) on.
+        self.config.set(routing.cache_aware);
+    }
+
     fn on_worker_removed(&self, worker: &Worker) {
         self.tree.forget_later(worker.id());
     }
@@ -238,7 +250,7 @@ impl Policy for CacheAwarePolicy {
     fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
         let tree = self.tree.clone();
         let interval = self.eviction_interval;
-        let max_bytes = self.config.max_tree_size;
+        let knobs = self.config.clone();
         Some(Box::pin(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -246,6 +258,7 @@ impl Policy for CacheAwarePolicy {
             loop {
                 ticker.tick().await;
                 let tree = tree.clone();
+                let max_bytes = knobs.get().max_tree_size;
                 match tokio::task::spawn_blocking(move || tree.maintain(max_bytes)).await {
                     Ok(upkeep) => tracing::debug!(
                         forgotten_nodes = upkeep.forgotten_nodes,

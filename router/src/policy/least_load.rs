@@ -61,9 +61,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
+use super::knobs::Knobs;
 use super::pick;
 use super::{Policy, signals};
-use crate::config::LeastLoadConfig;
+use crate::config::{LeastLoadConfig, RoutingConfig};
 use crate::fleet::{FleetView, WorkerLoad};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -192,12 +193,27 @@ impl ScoreUnit {
     }
 }
 
-/// The `least_load` policy.
-#[derive(Debug, Clone)]
-pub struct LeastLoadPolicy {
+/// The knobs of `least_load`, with what is derived from them.
+#[derive(Debug, Clone, Copy)]
+struct LeastLoadKnobs {
     config: LeastLoadConfig,
     /// `1 / --least-load-default-throughput`, for engines that report none.
     default_secs_per_token: f64,
+}
+
+impl LeastLoadKnobs {
+    fn of(config: LeastLoadConfig) -> Self {
+        Self {
+            config,
+            default_secs_per_token: 1.0 / config.least_load_default_throughput,
+        }
+    }
+}
+
+/// The `least_load` policy.
+#[derive(Debug, Clone)]
+pub struct LeastLoadPolicy {
+    knobs: Arc<Knobs<LeastLoadKnobs>>,
     mean_prompt: Arc<MeanPrompt>,
 }
 
@@ -208,10 +224,14 @@ impl LeastLoadPolicy {
             config.least_load_mean_prefill_tokens as f64,
         ));
         Self {
-            default_secs_per_token: 1.0 / config.least_load_default_throughput,
-            config,
+            knobs: Arc::new(Knobs::new(LeastLoadKnobs::of(config))),
             mean_prompt,
         }
+    }
+
+    /// Takes new knobs (a reload); what it learned stays.
+    pub fn set_config(&self, config: LeastLoadConfig) {
+        self.knobs.set(LeastLoadKnobs::of(config));
     }
 
     /// The mean prompt size learned from this replica's bookings.
@@ -221,7 +241,7 @@ impl LeastLoadPolicy {
 
     /// The KV barrier `w * k/(1-k)` for a valid usage `k`.
     pub fn kv_barrier(&self, k: f64) -> f64 {
-        self.config.least_load_kv_pressure_weight * shoal_proto::figures::kv_odds(k)
+        self.knobs.get().config.least_load_kv_pressure_weight * shoal_proto::figures::kv_odds(k)
     }
 
     /// Each candidate's score and in-flight requests into `out` (cleared
@@ -245,7 +265,8 @@ impl LeastLoadPolicy {
         out.requests.clear();
         let at = fleet.moment(Instant::now());
         let mean_prompt = self.mean_prompt.get();
-        let weight = self.config.least_load_kv_pressure_weight;
+        let knobs = self.knobs.get();
+        let weight = knobs.config.least_load_kv_pressure_weight;
         // Allocates only if some candidate lacks a term.
         let mut missing: Vec<(usize, Missing)> = Vec::new();
         let mut lit = 0usize;
@@ -268,8 +289,8 @@ impl LeastLoadPolicy {
                 match (load.figures.secs_per_token, signals::throughput(engine)) {
                     (Some(secs), Some(throughput)) => (throughput, secs),
                     _ => (
-                        self.config.least_load_default_throughput,
-                        self.default_secs_per_token,
+                        knobs.config.least_load_default_throughput,
+                        knobs.default_secs_per_token,
                     ),
                 };
             lit += 1;
@@ -312,7 +333,9 @@ impl LeastLoadPolicy {
     /// [`Policy::token_work`] returns), without learning from it.
     pub fn work_of(&self, request: &RequestInfo) -> u64 {
         if request.prompt_tokens == 0 {
-            self.config
+            self.knobs
+                .get()
+                .config
                 .least_load_mean_prefill_tokens
                 .saturating_add(request.max_output_tokens.unwrap_or(0))
         } else {
@@ -324,6 +347,10 @@ impl LeastLoadPolicy {
 impl Policy for LeastLoadPolicy {
     fn name(&self) -> &'static str {
         "least_load"
+    }
+
+    fn reconfigure(&self, routing: &RoutingConfig) {
+        self.set_config(routing.least_load);
     }
 
     fn select(

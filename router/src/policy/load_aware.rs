@@ -14,10 +14,12 @@
 //! burst between two polls spread instead of herding onto one engine.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::pick::{self, MinPick};
 use super::{Policy, signals};
+use crate::config::RoutingConfig;
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -35,16 +37,16 @@ pub fn queue_score(waiting: u64, threshold: u64) -> f64 {
 }
 
 /// The `load_aware` policy.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LoadAwarePolicy {
-    threshold: u64,
+    threshold: AtomicU64,
 }
 
 impl LoadAwarePolicy {
     /// A policy scoring queues against `threshold` (> 0).
     pub fn new(threshold: u64) -> Self {
         Self {
-            threshold: threshold.max(1),
+            threshold: AtomicU64::new(threshold.max(1)),
         }
     }
 }
@@ -61,13 +63,19 @@ impl Policy for LoadAwarePolicy {
         fleet: &dyn FleetView,
     ) -> Option<usize> {
         let now = fleet.moment(Instant::now());
+        let threshold = self.threshold.load(Ordering::Relaxed);
         let mut best = MinPick::new(pick::seed());
         for (i, worker) in candidates.iter().enumerate() {
             let load = fleet.load(worker, &now);
-            let score = signals::waiting(&load).map_or(0.0, |w| queue_score(w, self.threshold));
+            let score = signals::waiting(&load).map_or(0.0, |w| queue_score(w, threshold));
             best.offer((-score, load.counts.requests), i);
         }
         best.index()
+    }
+
+    fn reconfigure(&self, routing: &RoutingConfig) {
+        let threshold = routing.load_aware.load_aware_threshold.max(1);
+        self.threshold.store(threshold, Ordering::Relaxed);
     }
 }
 

@@ -39,6 +39,7 @@
 //!    reference (`SHOAL_UPDATE_README=1 cargo test -p shoal --test readme`).
 
 mod cache_aware;
+mod knobs;
 mod least_load;
 mod load_aware;
 mod pick;
@@ -60,6 +61,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
+use crate::config::RoutingConfig;
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -101,6 +103,10 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn token_work(&self, request: &RequestInfo) -> u64 {
         request.token_work()
     }
+
+    /// Takes new knobs from `routing` (a configuration reload), keeping
+    /// what the policy learned; policies without knobs have nothing to do.
+    fn reconfigure(&self, _routing: &RoutingConfig) {}
 
     /// Called when a worker leaves the registry, to drop per-worker state.
     /// Must be cheap: heavy clean-up belongs in [`Policy::background_task`].

@@ -50,9 +50,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Policy;
+use super::knobs::Knobs;
 use super::least_load::{LeastLoadPolicy, Scores};
 use super::pick;
-use crate::config::{LeastLoadConfig, PrefixAffinityConfig};
+use crate::config::{LeastLoadConfig, PrefixAffinityConfig, RoutingConfig};
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -163,7 +164,7 @@ impl LoadBound {
 /// The `prefix_affinity` policy.
 #[derive(Debug)]
 pub struct PrefixAffinityPolicy {
-    config: PrefixAffinityConfig,
+    config: Knobs<PrefixAffinityConfig>,
     least_load: LeastLoadPolicy,
     recent: RecentKeys,
 }
@@ -172,7 +173,7 @@ impl PrefixAffinityPolicy {
     /// A policy with these knobs; its wait is least_load's with `least_load`.
     pub fn new(config: PrefixAffinityConfig, least_load: LeastLoadConfig) -> Self {
         Self {
-            config,
+            config: Knobs::new(config),
             least_load: LeastLoadPolicy::new(least_load),
             recent: RecentKeys::default(),
         }
@@ -181,7 +182,7 @@ impl PrefixAffinityPolicy {
     /// The key of `request` if it has one and has been seen before.
     fn shared_key(&self, request: &RequestInfo) -> Option<u64> {
         let text = request.text.as_deref()?.as_bytes();
-        let key = affinity_key(text, self.config.prefix_affinity_blocks)?;
+        let key = affinity_key(text, self.config.get().prefix_affinity_blocks)?;
         self.recent.seen_before(key).then_some(key)
     }
 }
@@ -204,7 +205,7 @@ impl Policy for PrefixAffinityPolicy {
             return least();
         };
         let own = unit.of_request(self.least_load.work_of(request));
-        let epsilon = self.config.prefix_affinity_epsilon;
+        let epsilon = self.config.get().prefix_affinity_epsilon;
         let Some(bound) = LoadBound::over(&scores.values, &scores.requests, own, epsilon) else {
             return least();
         };
@@ -223,6 +224,11 @@ impl Policy for PrefixAffinityPolicy {
 
     fn needs_request_text(&self) -> bool {
         true
+    }
+
+    fn reconfigure(&self, routing: &RoutingConfig) {
+        self.config.set(routing.prefix_affinity);
+        self.least_load.set_config(routing.least_load);
     }
 
     fn token_work(&self, request: &RequestInfo) -> u64 {

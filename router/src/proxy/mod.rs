@@ -68,15 +68,18 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
 /// so the proxy depends on nothing of the HTTP front.
 #[derive(Debug)]
 pub struct Forwarder {
-    /// Deadline for opening a connection to a worker (connections are
-    /// pooled per thread by [`link`]).
-    pub connect_timeout: Duration,
+    /// How connections to workers are opened (deadline, TLS); they are
+    /// pooled per thread by [`link`].
+    pub connector: link::Connector,
     /// Backoff between attempts.
     pub retry: RetryConfig,
     /// Retries allowed after the first attempt (0 when retries are off).
     pub max_retries: u32,
     /// Whole-request deadline, counted from the request's arrival.
     pub request_timeout: Duration,
+    /// Deadline for one attempt's response headers (`None`: only the
+    /// whole-request deadline).
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// The workers one request may go to and how to choose among them,
@@ -104,6 +107,10 @@ pub struct Outgoing<'a> {
     pub method: &'a Method,
     /// The client's headers (hop-by-hop ones are dropped when sent).
     pub headers: &'a HeaderMap,
+    /// What `Authorization` the engine gets.
+    pub authorization: link::Authorization<'a>,
+    /// The `traceparent` the engine gets instead of the client's (tracing on).
+    pub traceparent: Option<&'a http::HeaderValue>,
     /// Path and query, appended to the worker's base URL.
     pub path_and_query: &'a str,
     /// The request body.
@@ -116,8 +123,27 @@ pub struct Outgoing<'a> {
 enum Failure {
     /// Connecting or talking to the worker failed: the reason.
     Transport(String),
+    /// The worker sent no response headers within the attempt deadline
+    /// (retried elsewhere like a transport failure): the worker.
+    AttemptTimeout(String),
     /// The request deadline passed.
     Timeout,
+}
+
+impl Failure {
+    /// Whether another worker may be tried.
+    fn is_retryable(&self) -> bool {
+        !matches!(self, Failure::Timeout)
+    }
+
+    /// The retry-metric reason.
+    fn reason(&self) -> &'static str {
+        match self {
+            Failure::Transport(_) => "transport",
+            Failure::AttemptTimeout(_) => "attempt_timeout",
+            Failure::Timeout => "timeout",
+        }
+    }
 }
 
 /// A worker's response headers, with the booking and worker it belongs to.
@@ -125,6 +151,8 @@ struct Answer {
     response: http::Response<LinkBody>,
     booking: Booking,
     worker: Arc<Worker>,
+    /// Attempts made, this one included.
+    attempts: usize,
 }
 
 impl Answer {
@@ -147,6 +175,10 @@ impl Answer {
     /// booking and ends `record` when it ends.
     fn deliver(self, mut record: RequestRecord, deadline: tokio::time::Instant) -> Response {
         record.first_byte();
+        if let Some(span) = record.span() {
+            span.record("shoal.worker", self.worker.url());
+            span.record("shoal.attempts", self.attempts as u64);
+        }
         // The link already dropped the hop-by-hop headers.
         let (parts, body) = self.response.into_parts();
         record.set_status(parts.status.as_u16());
@@ -318,10 +350,13 @@ impl Forwarder {
                         .release_and_sleep(answer.discard(), attempt, deadline)
                         .await;
                 }
-                Outcome::Answered(answer) => return Ok(answer),
-                Outcome::Failed(booking, failure @ Failure::Transport(_)) if has_retry_left => {
+                Outcome::Answered(mut answer) => {
+                    answer.attempts = tried.len();
+                    return Ok(answer);
+                }
+                Outcome::Failed(booking, failure) if failure.is_retryable() && has_retry_left => {
+                    telemetry::retry(route, failure.reason());
                     last_failure = Some(failure);
-                    telemetry::retry(route, "transport");
                     self.retry
                         .release_and_sleep(booking, attempt, deadline)
                         .await;
@@ -354,17 +389,35 @@ impl Forwarder {
             method: request.method,
             path_and_query: request.path_and_query,
             headers: request.headers,
+            authorization: request.authorization,
+            traceparent: request.traceparent,
             body: &request.body,
         };
+        // The attempt's own deadline, when it comes before the request's.
+        let attempt_deadline = self
+            .attempt_timeout
+            .map(|t| tokio::time::Instant::now() + t)
+            .filter(|at| *at < deadline);
         let sent = tokio::time::timeout_at(
-            deadline,
-            link::send(worker.url(), outgoing, self.connect_timeout),
+            attempt_deadline.unwrap_or(deadline),
+            link::send(worker.url(), outgoing, &self.connector),
         )
         .await;
         match sent {
             Err(_elapsed) => {
                 worker.breaker().record_failure();
-                Outcome::Failed(booking, Failure::Timeout)
+                let failure = match attempt_deadline {
+                    Some(_) => {
+                        tracing::warn!(
+                            worker = worker.url(),
+                            attempt,
+                            "no response headers within --attempt-timeout-secs"
+                        );
+                        Failure::AttemptTimeout(worker.url().to_string())
+                    }
+                    None => Failure::Timeout,
+                };
+                Outcome::Failed(booking, failure)
             }
             Ok(Err(err)) => {
                 worker.breaker().record_failure();
@@ -383,6 +436,7 @@ impl Forwarder {
                     response,
                     booking,
                     worker,
+                    attempts: 1,
                 })
             }
         }
@@ -399,6 +453,10 @@ impl Forwarder {
             Some(Failure::Transport(reason)) => {
                 ApiError::bad_gateway(format!("all {attempts} attempt(s) failed; last: {reason}"))
             }
+            Some(Failure::AttemptTimeout(worker)) => ApiError::gateway_timeout(format!(
+                "all {attempts} attempt(s) failed; last: {worker} sent no response headers within --attempt-timeout-secs ({}s)",
+                self.attempt_timeout.map_or(0, |t| t.as_secs())
+            )),
             None => ApiError::no_workers("no worker available"),
         }
     }

@@ -75,7 +75,7 @@ pub struct WorkerSources {
     registry: Arc<Registry>,
     policy: Arc<dyn Policy>,
     set: SharedWorkerSet,
-    seeds: BTreeSet<String>,
+    seeds: Mutex<BTreeSet<String>>,
     discovered: Mutex<BTreeSet<String>>,
     /// One reconcile at a time, so two never interleave their registry edits.
     reconciling: Mutex<()>,
@@ -83,9 +83,7 @@ pub struct WorkerSources {
 
 impl std::fmt::Debug for WorkerSources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerSources")
-            .field("seeds", &self.seeds)
-            .finish_non_exhaustive()
+        f.debug_struct("WorkerSources").finish_non_exhaustive()
     }
 }
 
@@ -102,7 +100,7 @@ impl WorkerSources {
             registry,
             policy,
             set,
-            seeds: seeds.iter().cloned().collect(),
+            seeds: Mutex::new(seeds.iter().cloned().collect()),
             discovered: Mutex::new(BTreeSet::new()),
             reconciling: Mutex::new(()),
         }
@@ -121,7 +119,7 @@ impl WorkerSources {
     /// Every URL the sources say to route, with why.
     pub fn desired(&self) -> BTreeMap<String, Source> {
         let mut out: BTreeMap<String, Source> = BTreeMap::new();
-        for url in &self.seeds {
+        for url in lock(&self.seeds).iter() {
             out.insert(url.clone(), Source::Seed);
         }
         for url in lock(&self.discovered).iter() {
@@ -204,6 +202,13 @@ impl WorkerSources {
             .map_err(|r| AdminError::Refused(url.to_string(), r.reason()))?;
         self.reconcile();
         Ok(())
+    }
+
+    /// Replaces this replica's seeds (a configuration reload changed
+    /// `--worker-urls`).
+    pub fn set_seeds(&self, urls: &[String]) -> Reconciled {
+        *lock(&self.seeds) = urls.iter().cloned().collect();
+        self.reconcile()
     }
 
     /// Replaces what discovery found (normalised URLs of Ready endpoints).

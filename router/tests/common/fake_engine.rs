@@ -53,6 +53,26 @@ pub struct EngineState {
     /// Method, path and query, and `content-type` of the last request that
     /// reached an inference route or the catch-all.
     pub last_request: Mutex<Option<(String, String, Option<String>)>>,
+    /// Path and `Authorization` header of every request, in order.
+    pub authorizations: std::sync::Mutex<Vec<(String, Option<String>)>>,
+}
+
+/// Records every request's path and `Authorization` header.
+async fn record_authorization(
+    State(state): State<Arc<EngineState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let auth = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let path = request.uri().path().to_string();
+    if let Ok(mut seen) = state.authorizations.lock() {
+        seen.push((path, auth));
+    }
+    next.run(request).await
 }
 
 /// A running fake engine.
@@ -196,7 +216,45 @@ impl FakeEngine {
     /// Starts a fake engine on an ephemeral loopback port.
     pub async fn start() -> FakeEngine {
         let state = Arc::new(EngineState::default());
-        let app = Router::new()
+        let app = Self::app(&state);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeEngine { url, state, task }
+    }
+
+    /// Starts a fake engine served over TLS with `config` (an `https://`
+    /// URL on 127.0.0.1).
+    pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> FakeEngine {
+        let state = Arc::new(EngineState::default());
+        let app = Self::app(&state);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+        FakeEngine { url, state, task }
+    }
+
+    /// The engine's routes over `state`.
+    fn app(state: &Arc<EngineState>) -> Router {
+        Router::new()
             .route("/v1/chat/completions", post(inference))
             .route("/v1/completions", post(inference))
             .route("/generate", post(inference))
@@ -206,13 +264,11 @@ impl FakeEngine {
             .route("/v1/loads", get(loads))
             .route("/v1/models", get(models))
             .fallback(any_route)
-            .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        FakeEngine { url, state, task }
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                record_authorization,
+            ))
+            .with_state(state.clone())
     }
 
     pub fn requests(&self) -> usize {

@@ -1,0 +1,97 @@
+//! Security flags: the API keys clients and admins must present, the key
+//! sent to engines, and how engines reached over HTTPS are trusted.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::auth::{self, Auth, Keys, Secret};
+
+/// Help heading of the security flags.
+pub const SECURITY_FLAGS: &str = "Security";
+
+/// The security group: the auth gate and the engine client are built
+/// from it.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = SECURITY_FLAGS)]
+pub struct SecurityConfig {
+    /// Keys clients must send as `Authorization: Bearer KEY` on every
+    /// inference route and `GET /v1/models` (space or comma separated;
+    /// none = open). Health, readiness, liveness and /metrics stay open.
+    #[arg(long, env = "SHOAL_API_KEY", action = clap::ArgAction::Set, num_args = 1.., value_delimiter = ',')]
+    pub api_key: Vec<Secret>,
+
+    /// File of more inference keys: one per line, `#` comments.
+    #[arg(long, env = "SHOAL_API_KEYS_FILE", value_name = "FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// Key for the admin routes (`/workers`, `/mesh/status`); an inference
+    /// key does not open them. Unset: admin writes only from loopback.
+    #[arg(long, env = "SHOAL_ADMIN_API_KEY")]
+    pub admin_api_key: Option<Secret>,
+
+    /// Key sent to engines as `Authorization: Bearer KEY` (engines started
+    /// with `--api-key`); also on health checks, load polls and model lists.
+    /// Without it, a client's own `Authorization` is forwarded only while no
+    /// --api-key is set (a Shoal key never reaches an engine).
+    #[arg(long, env = "SHOAL_WORKER_API_KEY")]
+    pub worker_api_key: Option<Secret>,
+
+    /// PEM file of the CA certificates that `https://` engines must chain
+    /// to [default: the Mozilla root store compiled in].
+    #[arg(long, env = "SHOAL_WORKER_TLS_CA", value_name = "FILE")]
+    pub worker_tls_ca: Option<PathBuf>,
+
+    /// PEM file of a client certificate chain presented to `https://`
+    /// engines that ask for one (with --worker-tls-key).
+    #[arg(
+        long,
+        env = "SHOAL_WORKER_TLS_CERT",
+        value_name = "FILE",
+        requires = "worker_tls_key"
+    )]
+    pub worker_tls_cert: Option<PathBuf>,
+
+    /// PEM file of the private key of --worker-tls-cert.
+    #[arg(
+        long,
+        env = "SHOAL_WORKER_TLS_KEY",
+        value_name = "FILE",
+        requires = "worker_tls_cert"
+    )]
+    pub worker_tls_key: Option<PathBuf>,
+}
+
+impl SecurityConfig {
+    /// Every inference key: the flag's and the file's.
+    pub fn inference_keys(&self) -> Result<Vec<Secret>, String> {
+        let mut keys = self.api_key.clone();
+        if let Some(path) = &self.api_keys_file {
+            let from_file =
+                crate::auth::read_keys_file(path).map_err(|e| format!("--api-keys-file {e}"))?;
+            keys.extend(from_file);
+        }
+        Ok(keys)
+    }
+
+    /// The key gate these flags describe: inference keys (flag and file),
+    /// the admin key, and the key sent to engines.
+    pub fn auth(&self) -> Result<Auth, String> {
+        let inference = self.inference_keys()?;
+        let admin: Vec<Secret> = self.admin_api_key.iter().cloned().collect();
+        let worker = self.worker_api_key.as_ref().and_then(auth::bearer_header);
+        Ok(Auth::new(Keys::new(&inference), Keys::new(&admin)).with_worker_key(worker))
+    }
+
+    /// Checks what can be checked at start: the keys file reads, and the
+    /// admin key is not also an inference key.
+    pub fn validate(&self) -> Result<(), String> {
+        let keys = self.inference_keys()?;
+        if let Some(admin) = &self.admin_api_key
+            && keys.contains(admin)
+        {
+            return Err("--admin-api-key must differ from every --api-key".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,328 @@
+//! Keys, HTTPS engines and per-attempt deadlines against real sockets:
+//! every inference and admin route refuses a missing or wrong key and an
+//! inference key does not open the admin routes; a Shoal key never reaches
+//! an engine while `--worker-api-key` does (side requests included); an
+//! `https://` engine is routed and checked through the CA given, and one
+//! of another CA is refused with the reason; a worker that accepts and
+//! never answers loses the request to another one at the attempt deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::fake_engine::FakeEngine;
+use common::{Router, base_args, chat_body, eventually};
+
+const KEY: &str = "sk-inference-key-1";
+const ADMIN: &str = "sk-admin-key-0001";
+
+async fn send(
+    router: &Router,
+    method: reqwest::Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new().request(method, router.url(path));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    request.send().await.unwrap()
+}
+
+async fn code(response: reqwest::Response) -> (u16, String) {
+    let status = response.status().as_u16();
+    let json: serde_json::Value = response.json().await.unwrap_or_default();
+    (
+        status,
+        json["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn keys_guard_every_inference_and_admin_route_and_stay_apart() {
+    let engine = FakeEngine::start().await;
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--api-key".into(), format!("{KEY},sk-inference-key-2")]);
+    args.extend(["--admin-api-key".into(), ADMIN.into()]);
+    let router = Router::start(&args).await;
+    use reqwest::Method;
+    let chat = Some(chat_body(false));
+    let inference = [
+        (Method::POST, "/v1/chat/completions", chat.clone()),
+        (Method::POST, "/v1/responses", chat.clone()),
+        (Method::POST, "/tokenize", chat.clone()),
+        (Method::GET, "/v1/responses/r1", None),
+        (Method::GET, "/v1/models", None),
+    ];
+    for (method, path, body) in &inference {
+        let missing = send(&router, method.clone(), path, None, body.clone()).await;
+        assert_eq!(missing.headers()["www-authenticate"], "Bearer", "{path}");
+        assert_eq!(
+            code(missing).await,
+            (401, "invalid_api_key".into()),
+            "{path}"
+        );
+        let wrong = send(
+            &router,
+            method.clone(),
+            path,
+            Some("sk-wrong-key-000"),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(code(wrong).await, (401, "invalid_api_key".into()), "{path}");
+        let admin = send(&router, method.clone(), path, Some(ADMIN), body.clone()).await;
+        assert_eq!(
+            admin.status(),
+            401,
+            "{path}: the admin key is not an inference key"
+        );
+        let right = send(
+            &router,
+            method.clone(),
+            path,
+            Some("sk-inference-key-2"),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(right.status(), 200, "{path}");
+    }
+    let add = Some(serde_json::json!({"url": "http://127.0.0.1:9"}));
+    let admin = [
+        (Method::GET, "/workers", None),
+        (Method::POST, "/workers", add),
+        (Method::GET, "/mesh/status", None),
+    ];
+    for (method, path, body) in &admin {
+        let missing = send(&router, method.clone(), path, None, body.clone()).await;
+        assert_eq!(
+            code(missing).await,
+            (401, "invalid_api_key".into()),
+            "{path}"
+        );
+        let inference_key = send(&router, method.clone(), path, Some(KEY), body.clone()).await;
+        assert_eq!(
+            inference_key.status(),
+            401,
+            "{path}: an inference key is not an admin key"
+        );
+        let right = send(&router, method.clone(), path, Some(ADMIN), body.clone()).await;
+        assert_ne!(right.status().as_u16(), 401, "{path}");
+    }
+    for open in ["/health", "/readiness", "/liveness", "/metrics"] {
+        assert_eq!(
+            send(&router, Method::GET, open, None, None).await.status(),
+            200,
+            "{open}"
+        );
+    }
+    let metrics = router.metrics().await;
+    assert!(
+        metrics.contains("shoal_auth_failures_total{scope=\"inference\",reason=\"missing\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("scope=\"admin\",reason=\"invalid\""));
+    assert!(
+        !metrics.contains(KEY) && !metrics.contains(ADMIN),
+        "keys are never shown"
+    );
+}
+
+#[tokio::test]
+async fn without_an_admin_key_loopback_admins_still_work() {
+    let engine = FakeEngine::start().await;
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--api-key".into(), KEY.into()]);
+    let router = Router::start(&args).await;
+    let added = send(
+        &router,
+        reqwest::Method::POST,
+        "/workers",
+        None,
+        Some(serde_json::json!({"url": "http://127.0.0.1:9"})),
+    )
+    .await;
+    assert_eq!(
+        added.status(),
+        201,
+        "a loopback client may change the fleet"
+    );
+}
+
+#[tokio::test]
+async fn engines_never_see_a_shoal_key_and_get_the_worker_key_everywhere() {
+    let engine = FakeEngine::start().await;
+    *engine.state.models.lock().await = vec!["test-model".into()];
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--api-key".into(), KEY.into()]);
+    args.extend(["--health-check-interval-secs".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    let response = send(
+        &router,
+        reqwest::Method::POST,
+        "/v1/chat/completions",
+        Some(KEY),
+        Some(chat_body(false)),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let seen = engine.state.authorizations.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|(_, auth)| auth.is_none()),
+        "no Authorization reaches the engine: {seen:?}"
+    );
+
+    let engine = FakeEngine::start().await;
+    *engine.state.models.lock().await = vec!["test-model".into()];
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--api-key".into(), KEY.into()]);
+    args.extend(["--worker-api-key".into(), "sk-engine-key-01".into()]);
+    args.extend(["--health-check-interval-secs".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    let response = send(
+        &router,
+        reqwest::Method::POST,
+        "/v1/chat/completions",
+        Some(KEY),
+        Some(chat_body(false)),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let seen = engine.state.authorizations.lock().unwrap().clone();
+            seen.iter().any(|(path, _)| path == "/v1/models")
+        })
+        .await,
+        "a model list was read"
+    );
+    let seen = engine.state.authorizations.lock().unwrap().clone();
+    for (path, auth) in &seen {
+        if path == "/health" {
+            continue;
+        }
+        assert_eq!(auth.as_deref(), Some("Bearer sk-engine-key-01"), "{path}");
+    }
+    assert!(seen.iter().any(|(p, _)| p == "/v1/chat/completions"));
+}
+
+/// A CA and a server certificate for 127.0.0.1 and `localhost` signed by
+/// it: the server's rustls config and the CA's PEM.
+fn tls_engine_identity() -> (Arc<rustls::ServerConfig>, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf_params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    leaf_params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress(std::net::IpAddr::V4(
+            std::net::Ipv4Addr::LOCALHOST,
+        )));
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = rustls_pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)
+        .unwrap();
+    (Arc::new(config), ca.pem())
+}
+
+#[tokio::test]
+async fn an_https_engine_is_routed_and_checked_through_the_given_ca_and_refused_without_it() {
+    let (server, ca_pem) = tls_engine_identity();
+    let engine = FakeEngine::start_tls(server).await;
+    *engine.state.models.lock().await = vec!["test-model".into()];
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca_pem).unwrap();
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--worker-tls-ca".into(), ca_path.to_string_lossy().into()]);
+    args.extend(["--health-check-interval-secs".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    for stream in [false, true] {
+        let response = router.chat(stream).await;
+        assert_eq!(response.status(), 200, "over TLS (stream {stream})");
+        assert!(!response.bytes().await.unwrap().is_empty());
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            router.worker(&engine.url).await["models"].is_array()
+        })
+        .await,
+        "the side client (health checks, model list) reaches it too"
+    );
+
+    // Another replica trusting only the system roots: refused, with why.
+    let router = Router::start(&base_args(&[&engine.url])).await;
+    let response = router.chat(false).await;
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("TLS handshake failed"), "{body}");
+    assert!(
+        body.contains("certificate"),
+        "the reason names the certificate: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_accepts_and_never_answers_loses_the_request_at_the_attempt_deadline() {
+    let stalled = FakeEngine::start().await;
+    stalled.state.stall.store(true, Ordering::SeqCst);
+    let healthy = FakeEngine::start().await;
+    let mut args = base_args(&[&stalled.url, &healthy.url]);
+    args.extend(["--attempt-timeout-secs".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let response = router.chat(false).await;
+        assert_eq!(response.status(), 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        healthy.requests(),
+        2,
+        "both requests were answered by the healthy worker"
+    );
+    assert!(stalled.requests() >= 1, "round robin tried the stalled one");
+    let metrics = router.metrics().await;
+    assert!(metrics.contains("reason=\"attempt_timeout\""), "{metrics}");
+
+    // With one worker and nothing else to try: 504, naming the deadline.
+    let router = Router::start(&{
+        let mut args = base_args(&[&stalled.url]);
+        args.extend(["--attempt-timeout-secs".into(), "1".into()]);
+        args.extend(["--retry-max-retries".into(), "0".into()]);
+        args
+    })
+    .await;
+    let response = router.chat(false).await;
+    assert_eq!(response.status(), 504);
+    assert!(
+        response
+            .text()
+            .await
+            .unwrap()
+            .contains("--attempt-timeout-secs")
+    );
+}
