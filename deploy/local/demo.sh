@@ -9,8 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 profile="${PROFILE:-debug}"
-flag=()
-[ "$profile" = "release" ] && flag=(--release)
-
-cargo build "${flag[@]}" -p shoal -p shoal-tests --bin shoal --bin demo
+if [ "$profile" = "release" ]; then
+  echo "demo: building optimised binaries (the first time takes ~10 min on 2 cores)" >&2
+  cargo build --release -p shoal -p shoal-tests --bin shoal --bin demo
+else
+  # Every target, with the features the test build uses: `cargo test
+  # --workspace` afterwards reuses all of it instead of compiling again.
+  echo "demo: building (the first time takes ~5 min on 2 cores; later runs and the tests reuse it)" >&2
+  cargo build --workspace --all-targets
+fi
 exec "target/$profile/demo" "$@"

@@ -127,6 +127,10 @@ pub struct MeshConfig {
     /// Test hook: sees every received update before it is merged.
     #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
+    /// Test hook: start even with a certificate that does not name this
+    /// node (to stand in for a hostile peer; peers must refuse it).
+    #[cfg(feature = "testsuite")]
+    pub allow_unnamed_certificate: bool,
     /// Test hook: the ownership hash version this node gossips (a build
     /// always uses [`crate::ownership::OWNERSHIP_HASH_VERSION`]), so a test
     /// can stand in for a replica of a build that hashes differently.
@@ -193,6 +197,8 @@ impl MeshConfig {
             tap: None,
             #[cfg(feature = "testsuite")]
             ownership_hash_version: crate::ownership::OWNERSHIP_HASH_VERSION,
+            #[cfg(feature = "testsuite")]
+            allow_unnamed_certificate: false,
         }
     }
 

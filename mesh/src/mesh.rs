@@ -193,7 +193,11 @@ impl Mesh {
     /// runtime; the background tasks live on it.
     pub async fn start(config: MeshConfig) -> Result<Mesh, MeshError> {
         config.validate().map_err(MeshError::Config)?;
-        let tls = tls::load(&config.tls)?;
+        #[cfg(feature = "testsuite")]
+        let own_name = (!config.allow_unnamed_certificate).then_some(config.node_name.as_str());
+        #[cfg(not(feature = "testsuite"))]
+        let own_name = Some(config.node_name.as_str());
+        let tls = tls::load(&config.tls, own_name)?;
         let ip = advertise_ip(&config).await?;
         let me = Incarnation::new(config.node_name.as_str(), next_generation(0));
         #[allow(unused_mut)] // mutated only with the test hooks

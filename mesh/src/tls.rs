@@ -43,6 +43,17 @@ pub enum TlsError {
     /// The client verifier could not be built (e.g. empty CA).
     #[error("client verifier: {0}")]
     Verifier(String),
+    /// The certificate does not name this node, so no peer would verify it.
+    #[error(
+        "the certificate does not name this node `{node}` (it names: {names}); \
+         give --mesh-name one of those names, or make a certificate for it (shoal mesh gen-certs)"
+    )]
+    NotNamed {
+        /// The node name (`--mesh-name`).
+        node: String,
+        /// The DNS names the certificate holds.
+        names: String,
+    },
 }
 
 /// The rustls configs of one node, built once at start.
@@ -74,14 +85,48 @@ fn certs(what: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>,
     Ok(certs)
 }
 
+/// The DNS names a certificate holds (its subject alternative names).
+fn dns_names(leaf: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Loads the CA, chain and key and builds both rustls configs (TLS 1.3,
-/// ALPN [`ALPN`], client certificates required).
-pub fn load(tls: &TlsConfig) -> Result<TlsConfigs, TlsError> {
+/// ALPN [`ALPN`], client certificates required). The certificate must be
+/// valid for `node` when one is given: peers check it against the name
+/// this node claims, so a mismatch would leave it unverified by everyone,
+/// silently.
+pub fn load(tls: &TlsConfig, node: Option<&str>) -> Result<TlsConfigs, TlsError> {
     let read = |what, src: &crate::config::PemSource| {
         src.read().map_err(|source| TlsError::Read { what, source })
     };
     let ca = certs("ca", &read("ca", &tls.ca)?)?;
     let chain = certs("cert", &read("cert", &tls.cert)?)?;
+    if let Some(node) = node
+        && !cert_names_node(&chain[0], node)
+    {
+        let names = dns_names(&chain[0]);
+        return Err(TlsError::NotNamed {
+            node: node.to_string(),
+            names: if names.is_empty() {
+                "no DNS name".into()
+            } else {
+                names.join(", ")
+            },
+        });
+    }
     let key_pem = read("key", &tls.key)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Parse {
         what: "key",

@@ -74,7 +74,10 @@ fn certificate_naming_another_node_is_refused() {
     // A valid cluster certificate, but for "n1", used by a node calling
     // itself "evil".
     let seed = nodes[0].mesh().gossip_addr();
-    let evil = Node::start(config("evil", ca.tls("n1"), &[seed]));
+    // (Our binary refuses to start like this; a hostile one would not.)
+    let mut evil_config = config("evil", ca.tls("n1"), &[seed]);
+    evil_config.allow_unnamed_certificate = true;
+    let evil = Node::start(evil_config);
     let _e = evil.mesh().worker(W).book(1, 1000);
     assert!(wait_until(Duration::from_secs(5), || dropped(&nodes[0]) > 0));
     let untouched = !wait_until(Duration::from_millis(1500), || {
@@ -129,7 +132,7 @@ fn authenticated_junk_is_dropped_and_counted() {
     assert!(wait_for_full_mesh(&refs, Duration::from_secs(10)));
     let target = nodes[0].mesh().quic_addr();
     let before = dropped(&nodes[0]);
-    let tls = shoal_mesh::tls::load(&ca.tls("j1")).unwrap();
+    let tls = shoal_mesh::tls::load(&ca.tls("j1"), Some("j1")).unwrap();
     nodes[0].block_on(async {
         let client_crypto = QuicClientConfig::try_from(tls.client.clone()).unwrap();
         let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();

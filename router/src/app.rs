@@ -18,7 +18,7 @@ use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
 use crate::request::Route;
-use crate::serving::{self, IoThreads};
+use crate::serving::{self, FrontLimits, IoThreads};
 use crate::sources::{WorkerSources, kubernetes};
 use crate::workers::Registry;
 use crate::workers::health;
@@ -111,6 +111,7 @@ impl Server {
             max_retries: config.retry.max_retries(),
             request_timeout: config.proxy.request_timeout(),
             attempt_timeout: config.proxy.attempt_timeout(),
+            expose_worker: config.proxy.expose_worker_header,
         };
         let side_client = upstream::build_client(connect_timeout, tls).with_auth(auth.clone());
         // The recorder first: the route metrics register with it.
@@ -183,13 +184,24 @@ impl Server {
         let threads = serving::resolve_thread_count(config.io_threads);
         let mesh = state.mesh.clone();
         let front = http::Front::new(state.clone(), http::router(state.clone()));
-        let io = IoThreads::start(self.listener, threads, move |peer| front.for_peer(peer))?;
+        let nofile = rlimit::Resource::NOFILE
+            .get()
+            .map_or(1024, |(soft, _)| soft);
+        let limits = FrontLimits {
+            header_timeout: config.front.header_timeout(),
+            max_connections: config.front.connection_cap(nofile),
+            h2_max_streams: config.front.http2_max_concurrent_streams,
+        };
+        let io = IoThreads::start(self.listener, threads, limits, move |peer| {
+            front.for_peer(peer)
+        })?;
         tracing::info!(
             %addr,
             workers = state.registry.all().len(),
             policy = state.policy.name(),
             mesh = mesh.is_some(),
             io_threads = threads,
+            max_client_connections = limits.max_connections,
             "shoal listening on http://{addr}"
         );
 

@@ -150,6 +150,16 @@ impl ApiError {
         )
     }
 
+    /// 408 `request_timeout`: the client stopped sending its request.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            message,
+        )
+    }
+
     /// 405: known path, wrong method.
     pub fn method_not_allowed() -> Self {
         Self::new(

@@ -18,6 +18,11 @@ async fn main() -> ExitCode {
     if shoal::cli::is_subcommand(&args) {
         return shoal::cli::run(args).await;
     }
+    // `shoal help` is `shoal --help` (there is no other help subcommand).
+    let args = match args.get(1).and_then(|a| a.to_str()) {
+        Some("help") => vec![args[0].clone(), "--help".into()],
+        _ => args,
+    };
     let config = match Config::load_from(args) {
         Ok(config) => config,
         Err(ConfigError::Cli(err)) => {
@@ -48,6 +53,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A proxy holds two descriptors per request (client and engine): take
+    // the whole hard limit, as nginx and Envoy deployments do.
+    match rlimit::Resource::NOFILE.get() {
+        Ok((soft, hard)) => match rlimit::increase_nofile_limit(hard) {
+            Ok(now) => tracing::info!(soft_before = soft, hard, soft_now = now, "open-file limit"),
+            Err(err) => {
+                tracing::warn!(soft, hard, error = %err, "cannot raise the open-file limit")
+            }
+        },
+        Err(err) => tracing::warn!(error = %err, "cannot read the open-file limit"),
+    }
     if config.worker_urls.is_empty() {
         tracing::warn!("no --worker-urls given: add workers with POST /workers");
     }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -90,6 +90,30 @@ struct Lane {
     open: Arc<AtomicUsize>,
 }
 
+/// What client connections are held to: the replica's defence against
+/// slow and hostile clients (see `config::FrontConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct FrontLimits {
+    /// Time a connection has to send a request's headers (from opening or
+    /// from its previous response, so idle keep-alive too).
+    pub header_timeout: Duration,
+    /// Client connections open at once; more are closed on arrival.
+    pub max_connections: usize,
+    /// Concurrent streams per HTTP/2 connection.
+    pub h2_max_streams: u32,
+}
+
+impl Default for FrontLimits {
+    /// Generous limits, for tests that do not exercise them.
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(30),
+            max_connections: 100_000,
+            h2_max_streams: 256,
+        }
+    }
+}
+
 /// The running acceptor and I/O threads of one replica.
 ///
 /// Dropping it without [`IoThreads::shutdown`] also stops them: the
@@ -109,6 +133,7 @@ impl IoThreads {
     pub fn start<S: ConnectionService>(
         listener: TcpListener,
         count: usize,
+        limits: FrontLimits,
         make: impl ServiceFactory<S>,
     ) -> io::Result<Self> {
         let (stop, stop_rx) = watch::channel(false);
@@ -128,6 +153,7 @@ impl IoThreads {
                 make: make.clone(),
                 stop: stop_rx.clone(),
                 open: open.clone(),
+                limits,
             };
             std::thread::Builder::new()
                 .name(format!("shoal-io-{index}"))
@@ -141,7 +167,7 @@ impl IoThreads {
             lanes.push(Lane { connections, open });
             finished.push(finished_rx);
         }
-        let acceptor = tokio::spawn(accept(listener, lanes, stop_rx));
+        let acceptor = tokio::spawn(accept(listener, lanes, limits.max_connections, stop_rx));
         Ok(Self {
             stop,
             acceptor,
@@ -161,8 +187,19 @@ impl IoThreads {
     }
 }
 
-/// Accepts until stopped, giving each connection to the least busy lane.
-async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiver<bool>) {
+/// How often an accept failure that repeats is logged.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Accepts until stopped, giving each connection to the least busy lane;
+/// past `max_connections` open ones, a new connection is closed at once
+/// (counted), so descriptors stay free for engines and the mesh.
+async fn accept(
+    listener: TcpListener,
+    lanes: Vec<Lane>,
+    max_connections: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -173,11 +210,21 @@ async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiv
             Ok((stream, _peer)) => stream,
             Err(err) if is_per_connection(&err) => continue,
             Err(err) => {
-                tracing::warn!(error = %err, "accept failed; pausing");
+                if warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
+                    tracing::warn!(error = %err, "accept failed; pausing (repeats are logged every 10 s)");
+                    warned = Some(std::time::Instant::now());
+                }
+                crate::telemetry::client_connection_closed("accept_error");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
+        let open: usize = lanes.iter().map(|l| l.open.load(Ordering::Relaxed)).sum();
+        if open >= max_connections {
+            crate::telemetry::client_connection_closed("limit");
+            drop(stream);
+            continue;
+        }
         let Some(lane) = lanes
             .iter()
             .min_by_key(|lane| lane.open.load(Ordering::Relaxed))
@@ -204,6 +251,7 @@ async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stop: watch::Receiv
 /// What one I/O thread needs.
 struct IoThread<F> {
     make: F,
+    limits: FrontLimits,
     stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
 }
@@ -228,6 +276,7 @@ impl<F> IoThread<F> {
                     let connection = serve_connection(
                         stream,
                         (self.make)(peer.unwrap_or(unknown)),
+                        self.limits,
                         self.stop.clone(),
                         (open_guard.clone(), counted),
                     );
@@ -293,12 +342,23 @@ fn is_per_connection(err: &io::Error) -> bool {
 async fn serve_connection(
     stream: TcpStream,
     app: impl ConnectionService,
+    limits: FrontLimits,
     mut stop: watch::Receiver<bool>,
     _open: (watch::Receiver<()>, OpenConnection),
 ) {
     // Responses are written whole; never hold a small last segment back.
     let _ = stream.set_nodelay(true);
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    // HTTP/2: bounded streams; hyper's h2 also bounds pending and locally
+    // reset streams (rapid-reset protection).
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.h2_max_streams);
     let connection = builder.serve_connection(TokioIo::new(stream), app);
     tokio::pin!(connection);
     // The stop flag is watched by a task of its own that fires a oneshot:
@@ -321,6 +381,12 @@ async fn serve_connection(
             biased;
             result = connection.as_mut() => {
                 if let Err(err) = result {
+                    let timed_out = err
+                        .downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_timeout);
+                    if timed_out {
+                        crate::telemetry::client_connection_closed("header_timeout");
+                    }
                     tracing::trace!(error = %err, "connection ended with an error");
                 }
                 return;
@@ -361,7 +427,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let service = hyper_util::service::TowerToHyperService::new(app());
-        let io = IoThreads::start(listener, threads, move |_peer| service.clone()).unwrap();
+        let limits = FrontLimits::default();
+        let io = IoThreads::start(listener, threads, limits, move |_peer| service.clone()).unwrap();
         (io, url)
     }
 

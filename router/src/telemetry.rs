@@ -49,6 +49,8 @@ pub const WORKERS: &str = "shoal_workers";
 pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
 /// Counter of refused requests, by scope (inference, admin) and reason.
 pub const AUTH_FAILURES_TOTAL: &str = "shoal_auth_failures_total";
+/// Counter of client connections closed or refused by the front's limits.
+pub const CLIENT_CONNECTIONS_CLOSED_TOTAL: &str = "shoal_client_connections_closed_total";
 /// Counter of configuration reloads (SIGHUP), by result.
 pub const CONFIG_RELOADS_TOTAL: &str = "shoal_config_reloads_total";
 /// Counter of discovery failures, by kind (client, list, watch_start, gone, ...).
@@ -101,6 +103,9 @@ fn zero_series() {
     }
     for result in ["applied", "rejected"] {
         counter!(CONFIG_RELOADS_TOTAL, "result" => result).increment(0);
+    }
+    for reason in ["header_timeout", "body_timeout", "limit", "accept_error"] {
+        counter!(CLIENT_CONNECTIONS_CLOSED_TOTAL, "reason" => reason).increment(0);
     }
 }
 
@@ -185,6 +190,10 @@ fn describe() {
         "Requests refused by the API-key gate, by scope (inference, admin) and reason (missing, invalid, not_loopback)."
     );
     describe_counter!(
+        CLIENT_CONNECTIONS_CLOSED_TOTAL,
+        "Client connections the front closed: header_timeout (no complete request headers in --client-header-timeout-secs, idle keep-alive included), body_timeout (a body stalled past --client-body-timeout-secs), limit (over --max-client-connections at arrival), accept_error (e.g. out of descriptors)."
+    );
+    describe_counter!(
         CONFIG_RELOADS_TOTAL,
         "Configuration reloads on SIGHUP: applied, or rejected (the file did not parse or validate; nothing changed)."
     );
@@ -201,6 +210,11 @@ fn describe() {
 /// Counts one request the API-key gate refused.
 pub fn auth_failure(scope: &'static str, reason: &'static str) {
     counter!(AUTH_FAILURES_TOTAL, "scope" => scope, "reason" => reason).increment(1);
+}
+
+/// Counts one client connection the front closed, by `reason`.
+pub fn client_connection_closed(reason: &'static str) {
+    counter!(CLIENT_CONNECTIONS_CLOSED_TOTAL, "reason" => reason).increment(1);
 }
 
 /// Counts one configuration reload by `result` (`applied`, `rejected`).

@@ -75,6 +75,11 @@ fn bad_flags_exit_2_naming_the_flag() {
         ),
         (vec!["--worker-urls", "localhost:8000"], "--worker-urls"),
         (vec!["--policy", "nope"], "--policy"),
+        // A negative number reaches the validator (not "unexpected argument").
+        (
+            vec!["--least-load-kv-pressure-weight", "-1"],
+            "must not be negative",
+        ),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_shoal"))
             .args(&args)
@@ -138,4 +143,24 @@ async fn sigterm_lets_an_in_flight_stream_finish_then_exits_cleanly() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn help_names_the_subcommands_and_shoal_help_works() {
+    for args in [vec!["--help"], vec!["help"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        for needle in [
+            "shoal mesh gen-certs",
+            "shoal mesh status",
+            "Client connections:",
+            "Security:",
+        ] {
+            assert!(stdout.contains(needle), "{args:?} lacks {needle}");
+        }
+    }
 }

@@ -304,3 +304,19 @@ async fn a_worker_that_never_answers_gets_504_at_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(router.worker(&engine.url).await["inflight_requests"], 0);
 }
+
+#[tokio::test]
+async fn the_answering_worker_is_named_only_when_asked() {
+    let engine = FakeEngine::start().await;
+    let router = Router::start(&base_args(&[&engine.url])).await;
+    let response = router.chat(false).await;
+    assert!(
+        response.headers().get("x-shoal-worker").is_none(),
+        "private by default"
+    );
+    let mut args = base_args(&[&engine.url]);
+    args.push("--expose-worker-header".into());
+    let router = Router::start(&args).await;
+    let response = router.chat(true).await;
+    assert_eq!(response.headers()["x-shoal-worker"], engine.url.as_str());
+}

@@ -80,7 +80,7 @@ async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
     flaky.state.unhealthy.store(true, Ordering::SeqCst);
     assert!(
         eventually(Duration::from_secs(6), || async {
-            router.worker(&flaky.url).await["healthy"] == false
+            router.worker(&flaky.url).await["healthy"] == serde_json::json!(false)
         })
         .await,
         "two failed checks take the worker out"
@@ -102,7 +102,7 @@ async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
     flaky.state.unhealthy.store(false, Ordering::SeqCst);
     assert!(
         eventually(Duration::from_secs(4), || async {
-            router.worker(&flaky.url).await["healthy"] == true
+            router.worker(&flaky.url).await["healthy"] == serde_json::json!(true)
         })
         .await,
         "one passed check brings it back"
@@ -232,4 +232,37 @@ async fn metrics_expose_requests_and_worker_gauges() {
     ] {
         assert!(metrics.contains(name), "missing {name} in\n{metrics}");
     }
+}
+
+#[tokio::test]
+async fn a_new_worker_is_unknown_until_checked_and_a_dead_one_is_checked_at_once() {
+    let router = Router::start(&base_args::<&str>(&[])).await;
+    let client = reqwest::Client::new();
+    // Nothing listens there.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let added: serde_json::Value = client
+        .post(router.url("/workers"))
+        .json(&serde_json::json!({"url": dead}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // Unknown (null) until its first check, which may already have failed
+    // by the time the answer is written; never "healthy" before a check.
+    assert_ne!(added["healthy"], serde_json::json!(true), "{added}");
+    // The default interval is 10 s; the first check runs when it is added
+    // and decides at once.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            router.worker(&dead).await["healthy"] == serde_json::json!(false)
+        })
+        .await,
+        "checked at once: {}",
+        router.worker(&dead).await
+    );
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use fleet_support::{Setup, engines, run, run_for, start, wait_for};
+use fleet_support::{Setup, engines, meshed, run, run_for, start, wait_for};
 use serde_json::{Value, json};
 use shoal_tests::kube_api::{KubeApi, slice};
 use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
@@ -325,6 +325,55 @@ async fn kubernetes_discovery_routes_to_ready_endpoints_and_relists_past_a_misse
             "only e0 is routed"
         );
         println!("lists {} watches {}", api.lists(), api.watches());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_on_a_meshed_replica_show_the_freshest_fleet_snapshot_and_who_polled_it() {
+    run(async {
+        let s = meshed(
+            4,
+            &[
+                "--worker-load-source",
+                "sglang",
+                "--load-poll-interval-ms",
+                "200",
+            ],
+        )
+        .await;
+        let mut polled_by_a_peer = 0;
+        for i in 0..3 {
+            let me = s.fleet.name(i).to_string();
+            let workers = wait_for(
+                "fresh snapshots everywhere",
+                Duration::from_secs(5),
+                async || {
+                    let resp = s
+                        .client
+                        .get(&format!("{}/workers", s.fleet.url(i)))
+                        .await
+                        .ok()?;
+                    let workers = resp.json().ok()?.as_array()?.clone();
+                    let fresh = workers.iter().all(|w| {
+                        w["snapshot_age_ms"].as_u64().is_some_and(|age| age < 1_000)
+                            && w["snapshot"]["poller"]
+                                .as_str()
+                                .is_some_and(|p| !p.is_empty())
+                    });
+                    fresh.then_some(workers)
+                },
+            )
+            .await;
+            polled_by_a_peer += workers
+                .iter()
+                .filter(|w| w["snapshot"]["poller"].as_str() != Some(me.as_str()))
+                .count();
+        }
+        assert!(
+            polled_by_a_peer > 0,
+            "polls are split by ownership, and shown as such"
+        );
     })
     .await;
 }

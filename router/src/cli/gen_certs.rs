@@ -180,8 +180,18 @@ mod tests {
                 cert: PemSource::Path(dir.path().join(format!("{node}.pem"))),
                 key: PemSource::Path(dir.path().join(format!("{node}-key.pem"))),
             };
-            tls::load(&tls_config).unwrap();
+            tls::load(&tls_config, Some(node)).unwrap();
         }
+        let a_as_b = TlsConfig {
+            ca: PemSource::Path(dir.path().join("ca.pem")),
+            cert: PemSource::Path(dir.path().join("a.shoal.pem")),
+            key: PemSource::Path(dir.path().join("a.shoal-key.pem")),
+        };
+        let err = tls::load(&a_as_b, Some("b")).unwrap_err().to_string();
+        assert!(
+            err.contains("`b`") && err.contains("a.shoal"),
+            "names what it holds: {err}"
+        );
         let a = leaf(&dir.path().join("a.shoal.pem"));
         assert!(tls::cert_names_node(&a, "a.shoal"));
         assert!(!tls::cert_names_node(&a, "b"));

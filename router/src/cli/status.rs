@@ -68,6 +68,38 @@ fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// The replicas with requests in flight on a worker, `name=requests`:
+/// replicas with none are left out, and the incarnation (`#generation`)
+/// is shown only when two incarnations of one name both hold some.
+fn shares(shares: &Value) -> String {
+    let held: Vec<(&str, String)> = shares
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["requests"].as_u64().is_some_and(|n| n > 0))
+        .map(|s| (s["replica"].as_str().unwrap_or("-"), text(&s["requests"])))
+        .collect();
+    let name = |replica: &str| replica.split('#').next().unwrap_or(replica).to_string();
+    let twice = |replica: &str| {
+        held.iter()
+            .filter(|(other, _)| name(other) == name(replica))
+            .count()
+            > 1
+    };
+    let parts: Vec<String> = held
+        .iter()
+        .map(|(replica, n)| match twice(replica) {
+            true => format!("{replica}={n}"),
+            false => format!("{}={n}", name(replica)),
+        })
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
 /// Renders a `/mesh/status` document as plain-text tables.
 pub fn render_table(status: &Value) -> String {
     let mut out = String::new();
@@ -80,11 +112,20 @@ pub fn render_table(status: &Value) -> String {
         text(&status["gossip_addr"]),
         text(&status["quic_addr"]),
     );
-    let members: Vec<Vec<String>> = status["members"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| {
+    // This replica first, so the count matches `shoal_mesh_members` (which
+    // includes it).
+    let me = vec![
+        format!("{} (this replica)", text(&status["node"])),
+        "yes".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ];
+    let members: Vec<Vec<String>> = std::iter::once(me)
+        .chain(status["members"].as_array().into_iter().flatten().map(|m| {
             [
                 "name",
                 "live",
@@ -98,9 +139,9 @@ pub fn render_table(status: &Value) -> String {
             .iter()
             .map(|key| text(&m[*key]))
             .collect()
-        })
+        }))
         .collect();
-    let _ = writeln!(out, "\nmembers ({}):", members.len());
+    let _ = writeln!(out, "\nmembers ({}, this replica included):", members.len());
     table(
         &mut out,
         &[
@@ -120,12 +161,7 @@ pub fn render_table(status: &Value) -> String {
         .into_iter()
         .flatten()
         .map(|w| {
-            let shares: Vec<String> = w["shares"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| format!("{}={}", text(&s["replica"]), text(&s["requests"])))
-                .collect();
+            let shares = shares(&w["shares"]);
             vec![
                 text(&w["worker"]),
                 text(&w["inflight_requests"]),
@@ -134,7 +170,7 @@ pub fn render_table(status: &Value) -> String {
                 text(&w["snapshot"]["poller"]),
                 text(&w["snapshot"]["age_ms"]),
                 text(&w["owner"]),
-                shares.join(" "),
+                shares,
             ]
         })
         .collect();
@@ -143,13 +179,13 @@ pub fn render_table(status: &Value) -> String {
         &mut out,
         &[
             "WORKER",
-            "REQS",
+            "REQUESTS",
             "TOKENS",
-            "SINCE_POLL",
+            "SINCE_POLL_TOKENS",
             "POLLER",
             "SNAP_AGE_MS",
             "OWNER",
-            "SHARES",
+            "REQUESTS_BY_REPLICA",
         ],
         &workers,
     );
@@ -181,7 +217,11 @@ mod tests {
         });
         let table = render_table(&status);
         assert!(table.contains("node a (generation 7) cluster c"), "{table}");
-        assert!(table.contains("members (1):"));
+        assert!(
+            table.contains("members (2, this replica included):"),
+            "{table}"
+        );
+        assert!(table.contains("a (this replica)"));
         assert!(
             table
                 .lines()
@@ -190,7 +230,21 @@ mod tests {
         assert!(
             table
                 .lines()
-                .any(|l| l.contains("http://e:1") && l.contains("a#7=1 b#9=2"))
+                .any(|l| l.contains("http://e:1") && l.contains("a=1 b=2"))
+        );
+        let noisy = serde_json::json!([
+            {"replica": "a#1796080425617757", "requests": 0},
+            {"replica": "b#1", "requests": 2},
+            {"replica": "b#2", "requests": 1}
+        ]);
+        assert_eq!(
+            shares(&noisy),
+            "b#1=2 b#2=1",
+            "zeros left out; generations only to tell two apart"
+        );
+        assert_eq!(
+            shares(&serde_json::json!([{"replica": "a#1", "requests": 0}])),
+            "-"
         );
         assert!(table.contains("frames_sent: 10"));
     }
@@ -199,6 +253,9 @@ mod tests {
     fn missing_fields_print_as_dashes() {
         let table = render_table(&serde_json::json!({"node": "x"}));
         assert!(table.contains("node x (generation -)"), "{table}");
-        assert!(table.contains("members (0):"));
+        assert!(
+            table.contains("members (1, this replica included):"),
+            "{table}"
+        );
     }
 }

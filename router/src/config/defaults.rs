@@ -145,3 +145,13 @@ pub const WORKER_REMOVAL_TTL_SECS: u64 = shoal_mesh::DEFAULT_WORKER_REMOVAL_TTL.
 
 /// `service.name` of exported OpenTelemetry spans.
 pub const OTEL_SERVICE_NAME: &str = "shoal";
+
+/// Seconds a client connection has to deliver a request's headers (from
+/// opening, or from its previous response: idle keep-alive too).
+pub const CLIENT_HEADER_TIMEOUT_SECS: u64 = 30;
+/// Seconds a request body may go without a byte arriving.
+pub const CLIENT_BODY_TIMEOUT_SECS: u64 = 30;
+/// Client connections open at once (0 = from the open-file limit).
+pub const MAX_CLIENT_CONNECTIONS: usize = 0;
+/// Concurrent streams per HTTP/2 client connection.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 256;

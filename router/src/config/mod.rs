@@ -23,6 +23,7 @@ mod admission;
 pub mod defaults;
 mod discovery;
 mod file;
+mod front;
 mod load;
 mod mesh;
 mod parsers;
@@ -40,6 +41,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 pub use admission::{ADMISSION_FLAGS, AdmissionConfig};
 pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind};
 pub use file::FileError;
+pub use front::{FRONT_FLAGS, FrontConfig};
 pub use load::{LOAD_FLAGS, LoadPollConfig, LoadSource};
 pub use mesh::{MESH_FLAGS, MeshArgs};
 pub use proxy::{PROXY_FLAGS, ProxyConfig};
@@ -59,7 +61,10 @@ pub use worker_health::{BREAKER_FLAGS, BreakerConfig, HEALTH_FLAGS, HealthConfig
     name = "shoal",
     version,
     about = "Active-active router for LLM inference fleets",
-    args_override_self = true
+    override_usage = "shoal [OPTIONS]\n       shoal mesh gen-certs --out DIR --nodes NAME[,NAME...]\n       shoal mesh status --url URL [--json]\n       shoal help",
+    after_help = "Subcommands:\n  shoal mesh gen-certs   make a cluster CA and node certificates for the mesh\n  shoal mesh status      print a replica's /mesh/status as a table\n  (`shoal mesh --help` for theirs)",
+    args_override_self = true,
+    allow_negative_numbers = true
 )]
 pub struct Config {
     /// TOML file whose keys are these flags' long names; flags and SHOAL_*
@@ -125,6 +130,10 @@ pub struct Config {
     /// Request size, deadlines and fleet-saturation shedding.
     #[command(flatten)]
     pub proxy: ProxyConfig,
+
+    /// Client-connection limits (slow and hostile clients).
+    #[command(flatten)]
+    pub front: FrontConfig,
 
     /// Retry settings.
     #[command(flatten)]

@@ -34,6 +34,11 @@ pub struct ProxyConfig {
     #[arg(long, env = "SHOAL_CONNECT_TIMEOUT_MS", default_value_t = defaults::CONNECT_TIMEOUT_MS, value_parser = parsers::positive_u64)]
     pub connect_timeout_ms: u64,
 
+    /// Add `x-shoal-worker: URL` (the worker that answered) to proxied
+    /// responses. Off: the fleet's topology stays private.
+    #[arg(long, env = "SHOAL_EXPOSE_WORKER_HEADER")]
+    pub expose_worker_header: bool,
+
     /// Shed a request with 503 and Retry-After when every available worker
     /// already has this many requests in flight across the fleet (the mesh's
     /// view when meshed). 0 = off.
@@ -50,6 +55,7 @@ impl Default for ProxyConfig {
             attempt_timeout_secs: defaults::ATTEMPT_TIMEOUT_SECS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
             worker_max_inflight: defaults::WORKER_MAX_INFLIGHT,
+            expose_worker_header: false,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! proxy (its error, or the end of the streamed answer).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -23,20 +24,54 @@ use crate::request::{self, Route};
 use crate::telemetry::{self, RequestRecord};
 use crate::{link, otel};
 
-async fn read_body(body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, ApiError> {
+/// Reads the whole body, at most `limit` bytes, giving up with 408 when
+/// `idle` passes without a byte arriving (a client that declares a body
+/// and then stalls must not hold the request and its connection).
+async fn read_body(
+    body: Body,
+    limit: usize,
+    declared: Option<u64>,
+    idle: Duration,
+) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::payload_too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::payload_too_large(limit))
+    let mut body = Limited::new(body, limit);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_elapsed) => {
+                telemetry::client_connection_closed("body_timeout");
+                return Err(ApiError::request_timeout(format!(
+                    "the request body stalled for --client-body-timeout-secs ({}s)",
+                    idle.as_secs()
+                )));
+            }
+            Ok(None) => break,
+            Ok(Some(frame)) => frame,
+        };
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    chunks.push(data);
+                }
+            }
+            Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+                return Err(ApiError::payload_too_large(limit));
+            }
+            Err(err) => {
+                return Err(ApiError::bad_request(
+                    "body_read_failed",
+                    format!("could not read the request body: {err}"),
+                ));
+            }
         }
-        Err(err) => Err(ApiError::bad_request(
-            "body_read_failed",
-            format!("could not read the request body: {err}"),
-        )),
     }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => chunks.concat().into(),
+    })
 }
 
 /// Counts a request refused by overload admission and returns its answer.
@@ -71,7 +106,8 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let result = async {
-        let bytes = read_body(body, app.config.proxy.max_payload_bytes, declared).await?;
+        let idle = app.config.front.body_timeout();
+        let bytes = read_body(body, app.config.proxy.max_payload_bytes, declared, idle).await?;
         let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)

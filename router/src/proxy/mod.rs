@@ -80,6 +80,8 @@ pub struct Forwarder {
     /// Deadline for one attempt's response headers (`None`: only the
     /// whole-request deadline).
     pub attempt_timeout: Option<Duration>,
+    /// Name the answering worker in an `x-shoal-worker` response header.
+    pub expose_worker: bool,
 }
 
 /// The workers one request may go to and how to choose among them,
@@ -173,15 +175,23 @@ impl Answer {
 
     /// Passes the answer to the client as a stream that releases the
     /// booking and ends `record` when it ends.
-    fn deliver(self, mut record: RequestRecord, deadline: tokio::time::Instant) -> Response {
+    fn deliver(
+        self,
+        mut record: RequestRecord,
+        deadline: tokio::time::Instant,
+        expose_worker: bool,
+    ) -> Response {
         record.first_byte();
         if let Some(span) = record.span() {
             span.record("shoal.worker", self.worker.url());
             span.record("shoal.attempts", self.attempts as u64);
         }
         // The link already dropped the hop-by-hop headers.
-        let (parts, body) = self.response.into_parts();
+        let (mut parts, body) = self.response.into_parts();
         record.set_status(parts.status.as_u16());
+        if expose_worker && let Ok(url) = http::HeaderValue::from_str(self.worker.url()) {
+            parts.headers.insert("x-shoal-worker", url);
+        }
         let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, record);
         Response::from_parts(parts, Body::new(tracked))
     }
@@ -295,7 +305,7 @@ impl Forwarder {
             .attempts(workers, &request, record.route(), deadline)
             .await
         {
-            Ok(answer) => answer.deliver(record, deadline),
+            Ok(answer) => answer.deliver(record, deadline, self.expose_worker),
             Err(error) => record.respond(error.into_response()),
         }
     }

@@ -1,6 +1,8 @@
 //! Active health checks: take a worker out of rotation after
 //! `--health-failure-threshold` failed probes in a row, put it back after
-//! `--health-success-threshold` passed ones. A worker that passes is also
+//! `--health-success-threshold` passed ones. A worker added at run time
+//! (admin API, discovery) is checked as soon as it is added, and that first
+//! check decides its health at once. A worker that passes is also
 //! asked what it serves (`/v1/models`), so LoRA adapters loaded or
 //! unloaded at run time reach model routing within one check interval.
 
@@ -23,6 +25,12 @@ pub struct Streak {
 
 /// Applies one probe result to a worker; returns true if its health changed.
 pub fn record_probe(worker: &Worker, passed: bool, config: &HealthConfig) -> bool {
+    let first = !worker
+        .checked
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+        && worker
+            .first_check_decides
+            .load(std::sync::atomic::Ordering::Relaxed);
     let mut streak = worker
         .health_streak
         .lock()
@@ -35,7 +43,11 @@ pub fn record_probe(worker: &Worker, passed: bool, config: &HealthConfig) -> boo
         streak.passed = 0;
     }
     let was = worker.is_healthy();
-    let now = if was {
+    // A worker's first check decides at once: a dead address added a
+    // moment ago must not look healthy for three check intervals.
+    let now = if first {
+        passed
+    } else if was {
         streak.failed < config.health_failure_threshold
     } else {
         streak.passed >= config.health_success_threshold
@@ -115,7 +127,12 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
     let mut ticker = tokio::time::interval(config.interval());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
+        // A worker just added is checked at once, not an interval later
+        // (the next round re-checks the rest early; harmless).
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = registry.worker_added() => {}
+        }
         let workers = registry.all();
         let probes = workers.iter().map(|worker| {
             let client = &client;
@@ -149,6 +166,12 @@ mod tests {
             health_check_endpoint: "/health".into(),
         };
         let worker = Worker::new("http://w:1".into(), BreakerConfig::default());
+        assert!(!worker.is_checked());
+        assert!(
+            !record_probe(&worker, true, &config),
+            "the first check passed"
+        );
+        assert!(worker.is_checked());
         assert!(!record_probe(&worker, false, &config));
         assert!(!record_probe(&worker, true, &config), "streak broken");
         assert!(!record_probe(&worker, false, &config));
@@ -157,5 +180,30 @@ mod tests {
         assert!(!record_probe(&worker, true, &config));
         assert!(record_probe(&worker, true, &config));
         assert!(worker.is_healthy());
+    }
+
+    #[test]
+    fn the_first_check_of_an_added_worker_decides_at_once() {
+        let config = HealthConfig {
+            health_check_interval_secs: 1,
+            health_check_timeout_secs: 1,
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            health_check_endpoint: "/health".into(),
+        };
+        let dead = Worker::new("http://w:1".into(), BreakerConfig::default());
+        dead.first_check_decides
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            record_probe(&dead, false, &config),
+            "no waiting for three failures"
+        );
+        assert!(!dead.is_healthy());
+        let seed = Worker::new("http://w:2".into(), BreakerConfig::default());
+        assert!(
+            !record_probe(&seed, false, &config),
+            "a seed keeps the thresholds"
+        );
+        assert!(seed.is_healthy());
     }
 }

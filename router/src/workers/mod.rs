@@ -44,6 +44,14 @@ pub struct Worker {
     url: String,
     url_hash: u64,
     healthy: AtomicBool,
+    /// Whether any health check has run yet (until then the worker is
+    /// routed optimistically but shown as `healthy: null`).
+    checked: AtomicBool,
+    /// Its first check decides its health at once (a worker added at run
+    /// time: a dead address must not look healthy for three intervals).
+    /// Seeds keep the thresholds, so engines still starting when the
+    /// replica does are not dropped by one early failure.
+    first_check_decides: AtomicBool,
     health_streak: std::sync::Mutex<health::Streak>,
     breaker: CircuitBreaker,
     ledger: Ledger,
@@ -68,6 +76,8 @@ impl Worker {
             url_hash: url_hash(&url),
             url,
             healthy: AtomicBool::new(true),
+            checked: AtomicBool::new(false),
+            first_check_decides: AtomicBool::new(false),
             health_streak: std::sync::Mutex::new(health::Streak::default()),
             breaker: CircuitBreaker::new(breaker),
             ledger,
@@ -158,6 +168,11 @@ impl Worker {
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
+
+    /// Whether a health check has run on it yet.
+    pub fn is_checked(&self) -> bool {
+        self.checked.load(Ordering::Relaxed)
+    }
 }
 
 /// FNV-1a of `url`, written out so it is the same on every replica whatever
@@ -173,8 +188,9 @@ pub fn url_hash(url: &str) -> u64 {
 pub struct WorkerStatus {
     /// Base URL.
     pub url: String,
-    /// Active health checks pass.
-    pub healthy: bool,
+    /// Active health checks pass; `null` until the first check ran (the
+    /// worker is routed meanwhile, retries covering a dead one).
+    pub healthy: Option<bool>,
     /// Circuit state.
     pub circuit: CircuitState,
     /// Requests this replica has in flight there.
@@ -196,7 +212,7 @@ impl WorkerStatus {
         let stored = stored.as_ref().as_ref();
         Self {
             url: worker.url.clone(),
-            healthy: worker.is_healthy(),
+            healthy: worker.is_checked().then(|| worker.is_healthy()),
             circuit: worker.breaker.state(),
             inflight_requests: worker.ledger.counts().requests,
             inflight_tokens: worker.ledger.counts().tokens,
@@ -230,6 +246,8 @@ pub struct Registry {
     mesh: Option<Arc<Mesh>>,
     polls: bool,
     write: std::sync::Mutex<()>,
+    /// Woken when a worker is added, so it is checked at once.
+    added: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -254,6 +272,7 @@ impl Registry {
             mesh,
             polls,
             write: std::sync::Mutex::new(()),
+            added: tokio::sync::Notify::new(),
         };
         let mut workers: Vec<Arc<Worker>> = Vec::with_capacity(urls.len());
         for url in urls {
@@ -299,6 +318,11 @@ impl Registry {
         crate::telemetry::worker_counts(workers.len(), available);
     }
 
+    /// Resolves when a worker was added since the last call.
+    pub async fn worker_added(&self) {
+        self.added.notified().await;
+    }
+
     /// A consistent snapshot of all workers.
     pub fn all(&self) -> Arc<Vec<Arc<Worker>>> {
         self.index.load().all().clone()
@@ -331,10 +355,12 @@ impl Registry {
             return Err(RegistryError::Exists(url));
         }
         let worker = self.make_worker(url);
+        worker.first_check_decides.store(true, Ordering::Relaxed);
         let mut next = Vec::with_capacity(current.len() + 1);
         next.extend(current.iter().cloned());
         next.push(worker.clone());
         self.publish(next);
+        self.added.notify_one();
         Ok(worker)
     }
 

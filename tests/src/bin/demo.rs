@@ -44,6 +44,9 @@ struct Cli {
 
 type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How long Ctrl-C waits for the replicas' in-flight streams to finish.
+const DRAIN_GRACE: Duration = Duration::from_secs(60);
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match run(Cli::parse()).await {
@@ -94,12 +97,27 @@ async fn run(cli: Cli) -> Result<ExitCode, DemoError> {
             ExitCode::from(1)
         }
     } else {
-        println!("Ctrl-C stops everything.");
+        let logs = fleet.keep_dir();
+        println!(
+            "Ctrl-C stops everything (streams in flight finish first; a second Ctrl-C cuts them). \
+             Replica logs stay in {}.",
+            logs.display()
+        );
         tokio::signal::ctrl_c().await?;
-        println!("\nstopping: replicas drain, then exit");
+        println!(
+            "\nstopping: replicas drain (in-flight streams finish, up to {} s); Ctrl-C again to stop now",
+            DRAIN_GRACE.as_secs()
+        );
+        tokio::select! {
+            () = fleet.shutdown(DRAIN_GRACE) => {}
+            _ = tokio::signal::ctrl_c() => println!("stopping now"),
+        }
+        println!("logs: {}", logs.display());
         ExitCode::SUCCESS
     };
-    fleet.shutdown(Duration::from_secs(5)).await;
+    // Engines stop only once the replicas are gone, so streams they still
+    // carried could finish.
+    fleet.shutdown(Duration::from_secs(1)).await;
     for engine in engines {
         engine.shutdown().await;
     }

@@ -525,6 +525,13 @@ impl Fleet {
         Ok(())
     }
 
+    /// Keeps the working directory (certificates and replica logs) after
+    /// the fleet is dropped; returns where it is.
+    pub fn keep_dir(&mut self) -> PathBuf {
+        self.dir.disable_cleanup(true);
+        self.dir.path().to_path_buf()
+    }
+
     /// SIGTERM to every running replica, up to `grace` for them to drain and
     /// exit, then `kill -9` for the rest.
     pub async fn shutdown(&mut self, grace: Duration) {
