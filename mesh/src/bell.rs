@@ -1,7 +1,7 @@
 //! Push on change: every booking, release, first byte or own snapshot rings
-//! the node's [`ChangeBell`]; the [`announce`] task then wakes every link's
-//! push at once, and while changes keep coming, at most once per minimum
-//! gap. So a change reaches peers in about one round trip when the node is
+//! the node's [`ChangeBell`]; the [`announce`] task then wakes the round
+//! builder at once, and while changes keep coming, at most once per gap
+//! (the minimum gap, stretched with the number of links: [`push_gap`]). So a change reaches peers in about one round trip when the node is
 //! quiet, within the gap when it is busy, and the periodic sync is only a
 //! heartbeat.
 //!
@@ -10,7 +10,7 @@
 //! is idle, one wake-up: there is no cross-thread wake per request at high
 //! rates.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::Duration;
@@ -29,9 +29,36 @@ pub(crate) struct ChangeBell {
     idle: AtomicBool,
     /// The announcer's thread, once started.
     announcer: OnceLock<Thread>,
+    /// Shortest gap between announcements, µs (see [`push_gap`]).
+    gap_us: AtomicU64,
+}
+
+/// The gap between pushes on change for a node with `links` load links:
+/// `min_gap`, stretched so that the pushes of all links together stay
+/// within `max_push_rate` per second. Every push is a packet on every
+/// link, so without the stretch a 64-replica mesh sent 63 × 250 packets a
+/// second per replica at the 4 ms default; with it a change waits a little
+/// longer (about `links / max_push_rate`) and more changes share a packet.
+pub(crate) fn push_gap(min_gap: Duration, links: usize, max_push_rate: u32) -> Duration {
+    let spread = Duration::from_secs_f64(links as f64 / f64::from(max_push_rate.max(1)));
+    min_gap.max(spread)
 }
 
 impl ChangeBell {
+    /// Sets the shortest gap between announcements (takes effect after
+    /// the current one).
+    pub(crate) fn set_gap(&self, gap: Duration) {
+        self.gap_us.store(
+            u64::try_from(gap.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The shortest gap between announcements now.
+    pub(crate) fn gap(&self) -> Duration {
+        Duration::from_micros(self.gap_us.load(Ordering::Relaxed))
+    }
+
     /// Says that something the links push has changed.
     pub(crate) fn ring(&self) {
         if self.pending.load(Ordering::Relaxed) {
@@ -52,20 +79,21 @@ impl ChangeBell {
 }
 
 /// Starts the thread that turns rings of `bell` into announcements on
-/// `changes` (a counter every push watches): at once when the node was
-/// quiet, then at most one per `min_gap` while changes keep coming. A
-/// thread, not a task: Tokio's timer rounds a sleep up to the next
-/// millisecond, which would add up to 1 ms to every gap. It ends when
-/// `changes` is dropped.
+/// `changes` (a counter the round builder watches): at once when the node
+/// was quiet, then at most one per gap (`gap` to start with, see
+/// [`ChangeBell::set_gap`]) while changes keep coming. A thread, not a
+/// task: Tokio's timer rounds a sleep up to the next millisecond, which
+/// would add up to 1 ms to every gap. It ends when `changes` is dropped.
 pub(crate) fn start_announcer(
     bell: Arc<ChangeBell>,
     changes: Weak<watch::Sender<u64>>,
-    min_gap: Duration,
+    gap: Duration,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    bell.set_gap(gap);
     let bell_for_thread = bell.clone();
     let handle = std::thread::Builder::new()
         .name("shoal-mesh-bell".into())
-        .spawn(move || announce(&bell_for_thread, &changes, min_gap))?;
+        .spawn(move || announce(&bell_for_thread, &changes))?;
     // Set once: a second mesh on the same registry cannot exist.
     let _ = bell.announcer.set(handle.thread().clone());
     // A ring before the thread was known could not wake it.
@@ -75,7 +103,7 @@ pub(crate) fn start_announcer(
     Ok(handle)
 }
 
-fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>, min_gap: Duration) {
+fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>) {
     loop {
         bell.idle.store(true, Ordering::SeqCst);
         if !bell.pending.load(Ordering::SeqCst) {
@@ -91,7 +119,7 @@ fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>, min_gap: Dura
             };
             changes.send_modify(|n| *n = n.wrapping_add(1));
             drop(changes);
-            std::thread::sleep(min_gap);
+            std::thread::sleep(bell.gap());
         }
         if changes.strong_count() == 0 {
             return;

@@ -104,7 +104,14 @@ pub struct MeshConfig {
     /// push per gap. Default [`DEFAULT_PUSH_MIN_GAP_MS`]; at most
     /// `sync_interval`.
     pub push_min_gap: Duration,
-    /// How often a full copy of the own slots is pushed. Default 5 s.
+    /// Most pushes on change a node sends per second, summed over its links:
+    /// with many peers the gap between pushes stretches past `push_min_gap`
+    /// to `links / max_push_rate`. Default [`DEFAULT_MAX_PUSH_RATE`].
+    pub max_push_rate: u32,
+    /// Every entry a node sends is re-sent (refreshed) once per this
+    /// interval, a slice with every round, so a peer that missed a frame
+    /// heals and an entry its sender stopped refreshing can be forgotten.
+    /// Default [`DEFAULT_ANTI_ENTROPY_INTERVAL`].
     pub anti_entropy_interval: Duration,
     /// Gossip and failure-detector settings.
     pub failure_detector: FailureDetectorSettings,
@@ -149,6 +156,7 @@ impl std::fmt::Debug for MeshConfig {
             .field("seeds", &self.seeds)
             .field("sync_interval", &self.sync_interval)
             .field("push_min_gap", &self.push_min_gap)
+            .field("max_push_rate", &self.max_push_rate)
             .field("anti_entropy_interval", &self.anti_entropy_interval)
             .field("failure_detector", &self.failure_detector)
             .finish_non_exhaustive()
@@ -159,6 +167,18 @@ impl std::fmt::Debug for MeshConfig {
 /// (chosen by `cargo bench -p shoal-mesh --bench convergence`: see
 /// tests/BENCHMARKS.md).
 pub const DEFAULT_PUSH_MIN_GAP_MS: u64 = 4;
+
+/// Default most pushes on change per second summed over a node's links
+/// (below it the gap is `push_min_gap`; a 64-replica mesh pushes every
+/// 31.5 ms instead of 4 ms: see the mesh-scale figures in
+/// tests/BENCHMARKS.md).
+pub const DEFAULT_MAX_PUSH_RATE: u32 = 2000;
+
+/// Default refresh period of every sent entry. Refreshes are a rolling
+/// slice of every round, encoded once for all links; they only heal what a
+/// link lost (a new or resynced link gets a full copy at once), so they can
+/// be slow: at 30 s they stay a small share of the bytes of a large mesh.
+pub const DEFAULT_ANTI_ENTROPY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Default time a removed worker stays removed fleet-wide (one hour: long
 /// past any partition the mesh rides out, short enough that the tombstones
@@ -186,7 +206,8 @@ impl MeshConfig {
             tls,
             sync_interval: Duration::from_millis(20),
             push_min_gap: Duration::from_millis(DEFAULT_PUSH_MIN_GAP_MS),
-            anti_entropy_interval: Duration::from_secs(5),
+            max_push_rate: DEFAULT_MAX_PUSH_RATE,
+            anti_entropy_interval: DEFAULT_ANTI_ENTROPY_INTERVAL,
             failure_detector: FailureDetectorSettings::default(),
             link_idle_timeout: Duration::from_secs(3),
             link_keepalive: Duration::from_millis(500),
@@ -227,6 +248,9 @@ impl MeshConfig {
             if value.is_zero() {
                 return Err(format!("{name} must be greater than zero"));
             }
+        }
+        if self.max_push_rate == 0 {
+            return Err("max_push_rate must be greater than zero".into());
         }
         if self.push_min_gap > self.sync_interval {
             return Err("push_min_gap must not exceed sync_interval".into());

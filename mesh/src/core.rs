@@ -18,6 +18,7 @@ use shoal_proto::frames::{MAX_KEY_BYTES, Update};
 use shoal_proto::{EngineKind, EngineLoad};
 
 use crate::identity::{Incarnation, unix_micros};
+use crate::outbox::Outbox;
 use crate::registry::Registry;
 use crate::slot::{PollStamp, RemoteView, SnapshotView, WorkerEntry};
 use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
@@ -93,12 +94,17 @@ pub(crate) struct Core {
     /// How long a dead incarnation, an unused worker key or an entry its
     /// sender stopped refreshing is kept before it is forgotten.
     pub(crate) forget_after: Duration,
+    /// Shortest gap between pushes on change and the most pushes per
+    /// second over all links: the bell's gap follows the link count.
+    pub(crate) push_pacing: (Duration, u32),
     /// Flipped once on graceful shutdown: every session says `Bye`.
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// Bumped when own slots changed (see `bell`): every link pushes.
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
     /// The fleet-wide worker set; its changes ring `changes` too.
     pub(crate) worker_set: SharedWorkerSet,
+    /// What the peers were told, and the rounds every link sends.
+    pub(crate) outbox: Outbox,
 }
 
 impl std::fmt::Debug for Core {
@@ -115,6 +121,7 @@ impl Core {
         cluster_id: String,
         forget_after: Duration,
         worker_removal_ttl: Duration,
+        refresh_every: Duration,
     ) -> Self {
         let members = vec![me.name.clone()];
         let changes = Arc::new(tokio::sync::watch::Sender::new(0));
@@ -132,9 +139,14 @@ impl Core {
             #[cfg(feature = "testsuite")]
             tap: None,
             forget_after,
+            push_pacing: (
+                Duration::from_millis(crate::config::DEFAULT_PUSH_MIN_GAP_MS),
+                crate::config::DEFAULT_MAX_PUSH_RATE,
+            ),
             shutdown: tokio::sync::watch::Sender::new(false),
             changes,
             worker_set,
+            outbox: Outbox::new(refresh_every),
         }
     }
 
@@ -142,9 +154,10 @@ impl Core {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Recomputes what the counted peers contribute to `entry` and
-    /// publishes it (the router reads it without locks).
-    pub(crate) fn publish_view(&self, tables: &Tables, entry: &WorkerEntry) {
+    /// Reads what the counted peers contribute to `entry` and publishes it
+    /// (the router reads it without locks). Who polls the worker is
+    /// re-derived (one look per counted peer) only when `pollers_moved`.
+    pub(crate) fn publish_view(&self, tables: &Tables, entry: &WorkerEntry, pollers_moved: bool) {
         let snapshot = tables.state.snapshot(&entry.key).map(|s| SnapshotView {
             source: s.value.source,
             load: s.value.load,
@@ -153,16 +166,17 @@ impl Core {
             taken_at: s.taken_at,
         });
         let current = entry.remote.load();
-        let pollers = if tables
-            .state
-            .pollers_are(&entry.key, &tables.co_owners, &current.pollers)
+        let pollers = if !pollers_moved
+            || tables
+                .state
+                .pollers_are(&entry.key, &tables.co_owners, &current.pollers)
         {
             current.pollers.clone()
         } else {
             tables.state.pollers(&entry.key, &tables.co_owners).into()
         };
         let view = RemoteView {
-            counts: tables.state.sum(&entry.key, &tables.counted),
+            counts: tables.state.total(&entry.key),
             snapshot,
             pollers,
         };
@@ -171,15 +185,15 @@ impl Core {
         }
     }
 
-    fn publish_key(&self, tables: &Tables, key: &str) {
+    fn publish_key(&self, tables: &Tables, key: &str, pollers_moved: bool) {
         if let Some(entry) = self.registry.get_or_create(key, true) {
-            self.publish_view(tables, &entry);
+            self.publish_view(tables, &entry, pollers_moved);
         }
     }
 
     pub(crate) fn publish_all(&self, tables: &Tables) {
         for entry in self.registry.list().iter() {
-            self.publish_view(tables, entry);
+            self.publish_view(tables, entry, true);
         }
     }
 
@@ -252,6 +266,7 @@ impl Core {
         tables.co_owners = co_owners;
         let counted_moved = counted != tables.counted;
         if counted_moved {
+            tables.state.set_counted(&counted);
             tables.counted = counted;
             let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
             names.push(self.me.name.clone());
@@ -262,6 +277,10 @@ impl Core {
         if counted_moved || co_owners_moved {
             self.publish_all(tables);
         }
+        let (min_gap, max_rate) = self.push_pacing;
+        self.registry
+            .bell()
+            .set_gap(crate::bell::push_gap(min_gap, tables.links.len(), max_rate));
         self.telemetry
             .membership(tables.counted.len() + 1, tables.links.len(), foreign);
     }
@@ -292,8 +311,10 @@ impl Core {
         let clock = Clock::now();
         let mut tables = self.tables();
         let mut touched: Vec<Arc<str>> = Vec::new();
+        let mut polls_moved: Vec<Arc<str>> = Vec::new();
         for (key, polled) in polls {
             if tables.state.apply_polls(from, &key, polled, clock.now) {
+                polls_moved.push(key.clone());
                 touched.push(key);
             }
         }
@@ -344,8 +365,9 @@ impl Core {
         }
         touched.sort();
         touched.dedup();
+        polls_moved.sort();
         for key in &touched {
-            self.publish_key(&tables, key);
+            self.publish_key(&tables, key, polls_moved.binary_search(key).is_ok());
         }
         drop(tables);
         if !touched.is_empty() && update.prev_read_at_unix_us > 0 {
@@ -364,7 +386,7 @@ impl Core {
         match base {
             Some(base) => {
                 entry.own.rebase(base, polled_at);
-                entry.bell.ring();
+                entry.changed();
             }
             // The history does not reach back to the poll: keep counting
             // from the older snapshot (an over-estimate, never an under-).
@@ -401,7 +423,7 @@ impl Core {
             .apply_snapshot(&entry.key, value, &self.me.name, clock);
         if let Some(polled_at) = won {
             entry.own.rebase(stamp.dispatched, polled_at);
-            self.publish_view(&tables, entry);
+            self.publish_view(&tables, entry, false);
         }
         value
     }

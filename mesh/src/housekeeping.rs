@@ -75,7 +75,7 @@ pub(crate) fn sweep(core: &Core) {
     }
     for key in expired {
         if let Some(entry) = core.registry.get(&key) {
-            core.publish_view(&tables, &entry);
+            core.publish_view(&tables, &entry, true);
         }
     }
     let worst = core

@@ -27,6 +27,7 @@ mod housekeeping;
 pub mod identity;
 mod membership;
 mod mesh;
+mod outbox;
 pub mod ownership;
 mod push;
 mod registry;
@@ -39,12 +40,13 @@ mod tap;
 mod telemetry;
 mod timings;
 pub mod tls;
+mod totals;
 mod wire;
 pub mod worker_set;
 
 pub use config::{
-    DEFAULT_PUSH_MIN_GAP_MS, DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig,
-    PemSource, TlsConfig,
+    DEFAULT_ANTI_ENTROPY_INTERVAL, DEFAULT_MAX_PUSH_RATE, DEFAULT_PUSH_MIN_GAP_MS,
+    DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig, PemSource, TlsConfig,
 };
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};

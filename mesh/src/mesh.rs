@@ -29,6 +29,7 @@ use crate::membership::{
 use crate::push::LinkTimings;
 use crate::slot::{PollStamp, WorkerSlot};
 use crate::status::{self, Footprint, MeshStatus};
+use crate::telemetry::TrafficStatus;
 use crate::worker_set::SharedWorkerSet;
 use crate::{timings, tls};
 
@@ -200,13 +201,14 @@ impl Mesh {
         let tls = tls::load(&config.tls, own_name)?;
         let ip = advertise_ip(&config).await?;
         let me = Incarnation::new(config.node_name.as_str(), next_generation(0));
-        #[allow(unused_mut)] // mutated only with the test hooks
         let mut core = Core::new(
             me.clone(),
             config.cluster_id.clone(),
             config.forget_after,
             config.worker_removal_ttl,
+            config.anti_entropy_interval,
         );
+        core.push_pacing = (config.push_min_gap, config.max_push_rate);
         #[cfg(feature = "testsuite")]
         {
             core.tap = config.tap.clone();
@@ -261,8 +263,6 @@ impl Mesh {
                 .map_err(|e| MeshError::Io(format!("starting gossip: {e}")))?,
         );
         let timings = LinkTimings {
-            sync: config.sync_interval,
-            anti_entropy: config.anti_entropy_interval,
             connect_timeout: config.link_idle_timeout,
         };
         crate::bell::start_announcer(
@@ -273,12 +273,9 @@ impl Mesh {
         .map_err(|e| MeshError::Io(format!("starting the change announcer: {e}")))?;
         let dialers = Arc::new(tokio::sync::Mutex::new(Dialers::default()));
         let mut tasks = vec![
-            tokio::spawn(crate::session::accept_loop(
-                core.clone(),
-                endpoint.clone(),
-                timings,
-            )),
+            tokio::spawn(crate::session::accept_loop(core.clone(), endpoint.clone())),
             tokio::spawn(crate::housekeeping::run(core.clone(), config.sync_interval)),
+            tokio::spawn(crate::push::rounds(core.clone(), config.sync_interval)),
         ];
         if !config.seeds.is_empty() {
             tasks.push(tokio::spawn(membership::refresh_seeds(
@@ -364,7 +361,7 @@ impl Mesh {
             .as_ref()
             .map_or(1, |(seq, _)| seq + 1);
         slot.entry.own_snapshot.store(Arc::new(Some((seq, value))));
-        slot.entry.bell.ring();
+        slot.entry.changed();
     }
 
     /// Poll ownership of `worker` (rendezvous hashing) among the replicas
@@ -418,6 +415,13 @@ impl Mesh {
         self.chitchat
             .with_chitchat(|c| c.self_node_state().set(key, value))
             .await;
+    }
+
+    /// The frame, byte and lag counters alone: what [`Mesh::status`]
+    /// reports under `traffic`, without walking every worker (for callers
+    /// that read it often, like the scale benchmark).
+    pub fn traffic(&self) -> TrafficStatus {
+        self.core.telemetry.status()
     }
 
     /// The `/mesh/status` view.

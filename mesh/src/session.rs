@@ -38,15 +38,15 @@ fn refuse(core: &Core, conn: &Connection, reason: &'static str) {
 }
 
 /// Accepts sessions until the endpoint closes.
-pub(crate) async fn accept_loop(core: Arc<Core>, endpoint: Endpoint, timings: LinkTimings) {
+pub(crate) async fn accept_loop(core: Arc<Core>, endpoint: Endpoint) {
     while let Some(incoming) = endpoint.accept().await {
-        tokio::spawn(accept(core.clone(), incoming, timings));
+        tokio::spawn(accept(core.clone(), incoming));
     }
 }
 
-async fn accept(core: Arc<Core>, incoming: Incoming, timings: LinkTimings) {
+async fn accept(core: Arc<Core>, incoming: Incoming) {
     match tokio::time::timeout(HELLO_TIMEOUT, incoming).await {
-        Ok(Ok(conn)) => session(&core, &conn, None, timings).await,
+        Ok(Ok(conn)) => session(&core, &conn, None).await,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "mesh inbound handshake failed");
             core.telemetry.dropped("handshake");
@@ -80,7 +80,7 @@ pub(crate) async fn dial_loop(
         match tokio::time::timeout(timings.connect_timeout, connecting).await {
             Ok(Ok(conn)) => {
                 backoff = DIAL_BACKOFF_MIN;
-                session(&core, &conn, Some(&peer.name), timings).await;
+                session(&core, &conn, Some(&peer.name)).await;
             }
             Ok(Err(e)) => {
                 tracing::debug!(peer = %peer, error = %e, "mesh handshake failed");
@@ -116,7 +116,7 @@ async fn handshake(
     let bytes = write_frame(&mut send, &hello)
         .await
         .map_err(|_| "no_hello")?;
-    core.telemetry.frame_sent(bytes);
+    core.telemetry.frames_sent(1, bytes);
     let read = async {
         let mut recv = conn.accept_uni().await.ok()?;
         match read_frame(&mut recv).await {
@@ -145,7 +145,7 @@ async fn handshake(
 }
 
 /// Runs one session on an established connection until either side ends.
-async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: LinkTimings) {
+async fn session(core: &Core, conn: &Connection, dialed: Option<&str>) {
     let (mut send, mut recv, peer) = match handshake(core, conn, dialed).await {
         Ok(ok) => ok,
         Err(reason) => {
@@ -169,7 +169,7 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>, timings: 
     tracing::info!(peer = %peer, "mesh peer verified");
     let shutdown = core.shutdown.subscribe();
     tokio::select! {
-        result = push(core, conn, &mut send, timings, shutdown) => {
+        result = push(core, conn, &mut send, shutdown) => {
             if let Err(e) = result {
                 tracing::debug!(peer = %peer, error = %e, "mesh push ended");
             }

@@ -186,6 +186,10 @@ pub(crate) struct WorkerEntry {
     /// grows by one per poll (so links know what they already sent).
     pub(crate) own_snapshot: ArcSwap<Option<(u64, SnapshotValue)>>,
     pub(crate) history: Mutex<DispatchHistory>,
+    /// Set with every change the links push, cleared by the round that
+    /// reads it: a round reads only the entries that changed (see
+    /// `outbox`), not every key.
+    pub(crate) dirty: AtomicBool,
     /// Rung on every change the links push (see `bell`).
     pub(crate) bell: Arc<ChangeBell>,
 }
@@ -202,8 +206,23 @@ impl WorkerEntry {
             remote: ArcSwap::from_pointee(RemoteView::default()),
             own_snapshot: ArcSwap::from_pointee(None),
             history: Mutex::new(DispatchHistory::starting_at(unix_millis())),
+            dirty: AtomicBool::new(false),
             bell,
         }
+    }
+
+    /// Records that something the links push changed and rings the bell.
+    /// Release: a round that sees the flag (and clears it with Acquire)
+    /// reads the values written before it.
+    #[inline]
+    pub(crate) fn changed(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.bell.ring();
+    }
+
+    /// Clears the change flag; true if it was set.
+    pub(crate) fn take_changed(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed) && self.dirty.swap(false, Ordering::AcqRel)
     }
 
     /// The replicas that poll this worker: the counted peers that say so,
@@ -275,7 +294,7 @@ impl WorkerSlot {
         own.pending_prefill
             .fetch_add(prompt_tokens, Ordering::Relaxed);
         own.dispatched.fetch_add(token_work, Ordering::Relaxed);
-        self.entry.bell.ring();
+        self.entry.changed();
         SlotBooking {
             entry: self.entry.clone(),
             token_work,
@@ -312,7 +331,7 @@ impl WorkerSlot {
     /// must say so.
     pub fn set_polled(&self, polled: bool) {
         if self.entry.polled.swap(polled, Ordering::Relaxed) != polled {
-            self.entry.bell.ring();
+            self.entry.changed();
         }
     }
 
@@ -355,7 +374,7 @@ impl SlotBooking {
                 .own
                 .pending_prefill
                 .fetch_sub(pending, Ordering::Relaxed);
-            self.entry.bell.ring();
+            self.entry.changed();
         }
     }
 }
@@ -366,7 +385,7 @@ impl Drop for SlotBooking {
         let own = &self.entry.own;
         own.requests.fetch_sub(1, Ordering::Relaxed);
         own.tokens.fetch_sub(self.token_work, Ordering::Relaxed);
-        self.entry.bell.ring();
+        self.entry.changed();
     }
 }
 

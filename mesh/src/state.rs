@@ -7,8 +7,8 @@
 //!   ([`crdts::LWWReg`]) of that incarnation's own [`LoadCounts`], whose
 //!   marker is the sender's round (strictly increasing per incarnation).
 //!   The fleet value is the sum over the *live* incarnations
-//!   ([`FleetState::sum`]) — a PN-counter whose actors are incarnations,
-//!   read over the live set. `crdts`' own counters cannot forget an actor,
+//!   ([`FleetState::total`], kept up to date as slots merge) — a PN-counter
+//!   whose actors are incarnations, read over the live set. `crdts`' own counters cannot forget an actor,
 //!   so the sum is written out plainly. Every field is a per-incarnation
 //!   quantity, including `dispatched_since_poll` (the work that incarnation
 //!   routed since the snapshot it knows): the fleet reads the same sum on
@@ -36,6 +36,7 @@ use serde::Serialize;
 use shoal_proto::{EngineKind, EngineLoad, LoadCounts};
 
 use crate::identity::Incarnation;
+use crate::totals::Totals;
 
 /// How far ahead of this replica's wall clock a peer's poll time may be
 /// before it is clamped. NTP keeps real clusters within milliseconds; a
@@ -132,6 +133,8 @@ impl SlotRecord {
 
 #[derive(Debug, Clone, Default)]
 struct PeerRecord {
+    /// Its slots are in the totals (it is a counted incarnation).
+    counted: bool,
     slots: HashMap<Arc<str>, SlotRecord>,
     /// Workers it polls, with when it last said so.
     polls: HashMap<Arc<str>, Instant>,
@@ -154,6 +157,10 @@ pub struct StateFootprint {
 #[derive(Debug, Clone, Default)]
 pub struct FleetState {
     peers: HashMap<Incarnation, PeerRecord>,
+    /// The incarnations whose slots count (see [`FleetState::set_counted`]).
+    counted: HashSet<Incarnation>,
+    /// Per worker, the sum of the counted incarnations' slots.
+    totals: Totals,
     snapshots: HashMap<Arc<str>, StoredSnapshot>,
     /// Per worker, the newest poll time each poller claimed that is not
     /// older than the stored snapshot: a displaced future-stamped snapshot
@@ -178,16 +185,20 @@ impl FleetState {
         counts: LoadCounts,
         now: Instant,
     ) -> bool {
-        let record = self.record(from, worker, now);
+        let (record, counted) = self.record(from, worker, now);
         if record.counts.marker >= round {
             return false;
         }
         record.seen = now;
-        let changed = record.counts.val != counts;
+        let old = record.counts.val;
+        let changed = old != counts;
         record.counts.merge(LWWReg {
             val: counts,
             marker: round,
         });
+        if counted && changed {
+            self.totals.replace(worker, &old, &counts);
+        }
         changed
     }
 
@@ -200,20 +211,70 @@ impl FleetState {
         basis_ms: u64,
         now: Instant,
     ) -> bool {
-        let record = self.record(from, worker, now);
+        let (record, _) = self.record(from, worker, now);
         record.seen = now;
         let moved = basis_ms > record.basis_ms;
         record.basis_ms = record.basis_ms.max(basis_ms);
         moved
     }
 
-    fn record(&mut self, from: &Incarnation, worker: &Arc<str>, now: Instant) -> &mut SlotRecord {
-        self.peers
-            .entry(from.clone())
-            .or_default()
-            .slots
-            .entry(worker.clone())
-            .or_insert_with(|| SlotRecord::new(now))
+    /// The slot of `from` for `worker`, created (and, if `from` counts,
+    /// added to the totals) if new; and whether `from` counts.
+    fn record(
+        &mut self,
+        from: &Incarnation,
+        worker: &Arc<str>,
+        now: Instant,
+    ) -> (&mut SlotRecord, bool) {
+        let peer = Self::peer(&mut self.peers, &self.counted, from);
+        let totals = &mut self.totals;
+        let counts = peer.counted;
+        let record = peer.slots.entry(worker.clone()).or_insert_with(|| {
+            let record = SlotRecord::new(now);
+            if counts {
+                totals.insert(worker, &record.counts.val);
+            }
+            record
+        });
+        (record, counts)
+    }
+
+    /// The record of `from`, created (counting if `counted` says so) if new.
+    fn peer<'a>(
+        peers: &'a mut HashMap<Incarnation, PeerRecord>,
+        counted: &HashSet<Incarnation>,
+        from: &Incarnation,
+    ) -> &'a mut PeerRecord {
+        peers.entry(from.clone()).or_insert_with(|| PeerRecord {
+            counted: counted.contains(from),
+            ..PeerRecord::default()
+        })
+    }
+
+    /// Says which incarnations count from now on: the totals take in the
+    /// slots of those that start counting and drop those that stop.
+    pub fn set_counted(&mut self, counted: &HashSet<Incarnation>) {
+        for (inc, peer) in self.peers.iter_mut() {
+            let counts = counted.contains(inc);
+            if counts == peer.counted {
+                continue;
+            }
+            peer.counted = counts;
+            for (worker, record) in &peer.slots {
+                if counts {
+                    self.totals.insert(worker, &record.counts.val);
+                } else {
+                    self.totals.remove(worker, &record.counts.val);
+                }
+            }
+        }
+        self.counted.clone_from(counted);
+    }
+
+    /// The sum of the counted incarnations' slots for `worker` (kept up to
+    /// date as slots merge: O(1)).
+    pub fn total(&self, worker: &str) -> LoadCounts {
+        self.totals.get(worker)
     }
 
     /// Records whether `from` polls `worker`. Returns true if that changed.
@@ -224,7 +285,7 @@ impl FleetState {
         polled: bool,
         now: Instant,
     ) -> bool {
-        let polls = &mut self.peers.entry(from.clone()).or_default().polls;
+        let polls = &mut Self::peer(&mut self.peers, &self.counted, from).polls;
         if polled {
             polls.insert(worker.clone(), now).is_none()
         } else {
@@ -280,8 +341,10 @@ impl FleetState {
         Some(polled_at_ms)
     }
 
-    /// The sum of the slots of the incarnations `counted` says are live.
-    pub fn sum(&self, worker: &str, counted: &HashSet<Incarnation>) -> LoadCounts {
+    /// The sum of the slots of the incarnations `counted` says are live,
+    /// recomputed: what [`FleetState::total`] must always equal.
+    #[cfg(test)]
+    pub(crate) fn sum(&self, worker: &str, counted: &HashSet<Incarnation>) -> LoadCounts {
         let mut sum = LoadCounts::default();
         for inc in counted {
             if let Some(value) = self.slot(inc, worker) {
@@ -349,7 +412,13 @@ impl FleetState {
 
     /// Drops everything a dead incarnation sent.
     pub fn forget(&mut self, inc: &Incarnation) {
-        self.peers.remove(inc);
+        if let Some(peer) = self.peers.remove(inc)
+            && peer.counted
+        {
+            for (worker, record) in &peer.slots {
+                self.totals.remove(worker, &record.counts.val);
+            }
+        }
     }
 
     /// Drops slot and polling entries not refreshed for `after` (their
@@ -357,10 +426,15 @@ impl FleetState {
     /// workers whose entries went.
     pub fn expire_idle(&mut self, now: Instant, after: Duration) -> Vec<Arc<str>> {
         let mut gone = Vec::new();
+        let totals = &mut self.totals;
         for peer in self.peers.values_mut() {
+            let counted = peer.counted;
             peer.slots.retain(|worker, record| {
                 let keep = now.saturating_duration_since(record.seen) < after;
                 if !keep {
+                    if counted {
+                        totals.remove(worker, &record.counts.val);
+                    }
                     gone.push(worker.clone());
                 }
                 keep

@@ -172,6 +172,36 @@ proptest! {
         }
         prop_assert_eq!(essence(&lossy), essence(&truth));
     }
+
+    /// The running totals always equal the sum recomputed over the counted
+    /// incarnations, through merges, membership changes (a peer starting
+    /// or stopping to count), expiry and forgetting.
+    #[test]
+    fn running_totals_equal_the_recomputed_sum(
+        steps in prop::collection::vec((op(), 0u8..16, 0u8..10), 1..60),
+    ) {
+        let c = clock();
+        let mut s = FleetState::new();
+        let mut counted: HashSet<Incarnation> = HashSet::new();
+        for (o, members, chore) in &steps {
+            apply(&mut s, o, c);
+            match chore {
+                // Membership moves: the bits of `members` say who counts.
+                0..=2 => {
+                    counted = (0..4u8).filter(|i| members & (1 << i) != 0).map(inc).collect();
+                    s.set_counted(&counted);
+                }
+                3 => s.forget(&inc(members % 4)),
+                4 => {
+                    s.expire_idle(c.now + Duration::from_secs(1), Duration::ZERO);
+                }
+                _ => {}
+            }
+            for w in 0..3u8 {
+                prop_assert_eq!(s.total(&worker(w)), s.sum(&worker(w), &counted));
+            }
+        }
+    }
 }
 
 fn slot(r: u64, since: u64) -> SlotValue {

@@ -6,8 +6,8 @@
 //! `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
 //! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
-//! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`
-//! (counters);
+//! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
+//! `shoal_mesh_link_resyncs_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
@@ -62,11 +62,17 @@ pub struct TrafficStatus {
 }
 
 impl Telemetry {
-    pub(crate) fn frame_sent(&self, bytes: usize) {
-        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+    /// Counts `frames` frames of `bytes` bytes in all written on one link.
+    pub(crate) fn frames_sent(&self, frames: usize, bytes: usize) {
+        self.frames_sent.fetch_add(frames as u64, Ordering::Relaxed);
         self.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
-        metrics::counter!("shoal_mesh_frames_sent_total").increment(1);
+        metrics::counter!("shoal_mesh_frames_sent_total").increment(frames as u64);
         metrics::counter!("shoal_mesh_bytes_sent_total").increment(bytes as u64);
+    }
+
+    /// A link fell too many rounds behind and was sent the ledger again.
+    pub(crate) fn link_resync(&self) {
+        metrics::counter!("shoal_mesh_link_resyncs_total").increment(1);
     }
 
     pub(crate) fn frame_received(&self, bytes: usize) {
@@ -186,6 +192,7 @@ pub fn describe_metrics() {
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }
+    metrics::counter!("shoal_mesh_link_resyncs_total").increment(0);
     describe_gauge!(
         "shoal_mesh_members",
         "Live verified mesh members, this replica included."
@@ -234,6 +241,10 @@ pub fn describe_metrics() {
         "shoal_mesh_link_wire_bytes_total",
         Unit::Bytes,
         "UDP bytes of this replica's outbound QUIC load links, QUIC overhead included."
+    );
+    describe_counter!(
+        "shoal_mesh_link_resyncs_total",
+        "Load links that fell too many rounds behind (a stalled peer) and were sent the whole ledger again."
     );
     describe_counter!(
         "shoal_mesh_poll_times_clamped_total",

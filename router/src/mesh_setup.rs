@@ -42,6 +42,7 @@ pub fn mesh_config(
     mesh.seeds = args.mesh_peer_urls.clone();
     mesh.sync_interval = args.sync_interval();
     mesh.push_min_gap = args.push_min_gap();
+    mesh.max_push_rate = args.mesh_max_push_rate;
     mesh.version = env!("CARGO_PKG_VERSION").to_string();
     mesh.worker_removal_ttl = worker_removal_ttl;
     let advertised_http = match &args.mesh_advertise_host {

@@ -133,6 +133,8 @@ pub const MESH_CLUSTER_ID: &str = "shoal";
 pub const MESH_SYNC_INTERVAL_MS: u64 = 20;
 /// Shortest gap between two pushes made on change (the mesh crate's default).
 pub const MESH_PUSH_MIN_GAP_MS: u64 = shoal_mesh::DEFAULT_PUSH_MIN_GAP_MS;
+/// Most pushes on change per second over all peer links (the mesh crate's default).
+pub const MESH_MAX_PUSH_RATE: u32 = shoal_mesh::DEFAULT_MAX_PUSH_RATE;
 /// Seconds between SIGTERM and closing the listener.
 pub const DRAIN_SETTLE_SECS: u64 = 5;
 

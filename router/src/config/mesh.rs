@@ -70,6 +70,10 @@ pub struct MeshArgs {
     /// Shortest gap between two pushes made on change, in milliseconds: a quiet replica pushes a booking at once, a busy one coalesces its changes into one push per gap. At most --mesh-sync-interval-ms.
     #[arg(long, env = "SHOAL_MESH_PUSH_MIN_GAP_MS", default_value_t = defaults::MESH_PUSH_MIN_GAP_MS, value_parser = parsers::positive_u64)]
     pub mesh_push_min_gap_ms: u64,
+
+    /// Most pushes on change per second summed over all peer links: with many peers the push gap stretches past --mesh-push-min-gap-ms to peers / this rate, so more changes share a packet.
+    #[arg(long, env = "SHOAL_MESH_MAX_PUSH_RATE", default_value_t = defaults::MESH_MAX_PUSH_RATE, value_parser = parsers::positive_u32)]
+    pub mesh_max_push_rate: u32,
 }
 
 /// The host name, for the default node name.

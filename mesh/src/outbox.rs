@@ -1,0 +1,390 @@
+//! What this node tells its peers: one ledger of what they were told, and
+//! rounds built once and written on every link.
+//!
+//! A round (on a bell announcement, at most one per push gap, and at least
+//! every sync interval) reads the entries whose change flag is set, the
+//! polled flags, snapshots and the worker set, compares them with the
+//! ledger and encodes what changed once; every link writes the same bytes.
+//! A round costs one read per changed entry and one encode whatever the
+//! number of peers. (Before, each link read every key and encoded its own
+//! frames for every push: at 64 replicas a change cost 63 walks of every
+//! key and 63 encodes — see `benches/scale`.)
+//!
+//! Each round also carries a slice of the ledger unchanged, the rolling
+//! refresh: every entry is re-sent once per anti-entropy interval, so a
+//! receiver keeps what is live (it forgets entries nobody refreshes) and
+//! heals anything it lost, as an even trickle shared by all links rather
+//! than a full copy per link in a burst.
+//!
+//! A link that starts, or falls more than [`ROUNDS_BUFFERED`] rounds
+//! behind, gets the ledger itself — what every peer was told as of the last
+//! round, in that round's number — then the rounds after it. Entries are
+//! absolute values ordered by round, so the ledger plus the later rounds
+//! leaves that peer where every other one is. (A copy of the *current*
+//! values would not: a value that changed and changed back between two
+//! rounds would reach one peer and never be corrected.)
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shoal_proto::LoadCounts;
+use shoal_proto::frames::{
+    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetFrame,
+    encode_prefixed,
+};
+use tokio::sync::broadcast;
+
+use crate::core::Core;
+use crate::identity::unix_micros;
+use crate::slot::WorkerEntry;
+use crate::state::SnapshotValue;
+
+/// Rounds a link may fall behind before it is sent the ledger instead (at
+/// the shortest push gap, about four seconds of rounds).
+pub(crate) const ROUNDS_BUFFERED: usize = 1024;
+
+/// One round in this many carries the read time the receiver's lag
+/// histogram needs (0, one byte on the wire, in the others).
+const LAG_SAMPLE_EVERY: u64 = 8;
+
+/// Entries per update frame, so a large round never nears the frame limit.
+const ENTRIES_PER_FRAME: usize = 1024;
+
+/// What the peers were told about one wire id.
+#[derive(Debug, Clone, Copy)]
+struct Told {
+    /// The entry the id named (ids are reused after a removal).
+    serial: u64,
+    polled: bool,
+    slot: Option<LoadCounts>,
+    basis_ms: u64,
+    snapshot: Option<(u64, SnapshotValue)>,
+}
+
+/// What every peer was told, as of the last round.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// By wire id (bounded by the most keys this node held at once).
+    told: Vec<Option<Told>>,
+    /// Sequence of the last round built: a link skips rounds at or below
+    /// the sequence of the ledger copy it was sent.
+    seq: u64,
+    /// Wire round (the LWW version) of the last round with entries.
+    round: u64,
+    /// When the last round read the slots (µs since the Unix epoch).
+    last_read_us: u64,
+    /// Worker-set version the rounds last carried.
+    set_version: Option<u64>,
+    /// Registry position the rolling refresh continues from.
+    refresh_at: usize,
+    /// Entries the refresh owes (fractional, carried between rounds).
+    refresh_owed: f64,
+    last_round_at: Option<Instant>,
+}
+
+impl Ledger {
+    fn told(&self, entry: &WorkerEntry) -> Option<Told> {
+        self.told
+            .get(entry.id as usize)
+            .copied()
+            .flatten()
+            .filter(|t| t.serial == entry.serial)
+    }
+
+    fn set(&mut self, entry: &WorkerEntry, told: Told) {
+        let id = entry.id as usize;
+        if self.told.len() <= id {
+            self.told.resize(id + 1, None);
+        }
+        self.told[id] = Some(told);
+    }
+
+    /// How many entries this round's refresh re-sends, and from where.
+    fn refresh_slice(&mut self, now: Instant, live: usize, every: Duration) -> (usize, usize) {
+        let owed = match self.last_round_at {
+            Some(last) => {
+                self.refresh_owed
+                    + live as f64 * now.saturating_duration_since(last).as_secs_f64()
+                        / every.as_secs_f64().max(1e-3)
+            }
+            None => 0.0,
+        };
+        self.last_round_at = Some(now);
+        let count = (owed.floor() as usize).min(live);
+        self.refresh_owed = (owed - count as f64).min(live as f64);
+        let start = if live == 0 { 0 } else { self.refresh_at % live };
+        self.refresh_at = start + count;
+        (start, count)
+    }
+}
+
+/// One round as every link sends it.
+#[derive(Debug)]
+pub(crate) struct Round {
+    /// Sequence number (every round, with entries or not, takes one).
+    pub(crate) seq: u64,
+    /// Length-prefixed frames, encoded once.
+    pub(crate) frames: Vec<Vec<u8>>,
+}
+
+/// Update frames being filled, split every [`ENTRIES_PER_FRAME`] entries.
+#[derive(Default)]
+struct Batch {
+    done: Vec<Update>,
+    cur: Update,
+}
+
+impl Batch {
+    fn entry_done(&mut self) {
+        let cur = &self.cur;
+        if cur.keys.len() + cur.slots.len() + cur.bases.len() + cur.snapshots.len()
+            >= ENTRIES_PER_FRAME
+        {
+            self.done.push(std::mem::take(&mut self.cur));
+        }
+    }
+
+    /// Every entry of `told` for `entry` (a ledger copy or a refresh).
+    fn all_of(&mut self, entry: &WorkerEntry, told: &Told) {
+        self.cur.keys.push(KeyDef {
+            id: entry.id,
+            key: entry.key.to_string(),
+            polled: told.polled,
+        });
+        if let Some(counts) = told.slot {
+            self.cur.slots.push(SlotEntry {
+                id: entry.id,
+                counts,
+            });
+            if told.basis_ms > 0 {
+                self.cur.bases.push(BasisEntry {
+                    id: entry.id,
+                    polled_at_unix_ms: told.basis_ms,
+                });
+            }
+        }
+        if let Some((_, s)) = told.snapshot {
+            self.cur.snapshots.push(snapshot_entry(entry.id, &s));
+        }
+        self.entry_done();
+    }
+
+    /// Stamps the frames with `round` and encodes them.
+    fn encode(mut self, round: u64, prev_read_us: u64) -> Result<Vec<Vec<u8>>, FrameError> {
+        if !self.cur.is_empty() {
+            self.done.push(self.cur);
+        }
+        self.done
+            .into_iter()
+            .map(|mut update| {
+                update.round = round;
+                update.prev_read_at_unix_us = prev_read_us;
+                encode_prefixed(&Frame::Update(update))
+            })
+            .collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.cur.is_empty()
+    }
+}
+
+fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
+    SnapshotEntry {
+        id,
+        source: s.source,
+        load: s.load,
+        polled_at_unix_ms: s.claimed_polled_at_ms,
+    }
+}
+
+/// The whole worker set as frames (it is small and changes rarely, so a
+/// change resends it whole).
+fn worker_set_frames(core: &Core) -> Result<Vec<Vec<u8>>, FrameError> {
+    let entries = core.worker_set.lock().to_entries();
+    entries
+        .chunks(ENTRIES_PER_FRAME)
+        .map(|chunk| {
+            encode_prefixed(&Frame::Workers(WorkerSetFrame {
+                entries: chunk.to_vec(),
+            }))
+        })
+        .collect()
+}
+
+/// The node's ledger and its stream of rounds.
+#[derive(Debug)]
+pub(crate) struct Outbox {
+    ledger: Mutex<Ledger>,
+    rounds: broadcast::Sender<Arc<Round>>,
+    /// Every ledger entry is re-sent once per this interval.
+    refresh_every: Duration,
+}
+
+impl Outbox {
+    pub(crate) fn new(refresh_every: Duration) -> Self {
+        Self {
+            ledger: Mutex::new(Ledger::default()),
+            rounds: broadcast::channel(ROUNDS_BUFFERED).0,
+            refresh_every,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A link's feed of rounds; take it before [`Outbox::ledger_copy`].
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Round>> {
+        self.rounds.subscribe()
+    }
+
+    /// What every peer was told as of the last round, as frames in that
+    /// round's number, with the worker set; and the sequence after which
+    /// the link's rounds continue.
+    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<(Vec<Vec<u8>>, u64), FrameError> {
+        let ledger = self.lock();
+        let mut batch = Batch::default();
+        for entry in core.registry.list().iter() {
+            if let Some(told) = ledger.told(entry) {
+                batch.all_of(entry, &told);
+            }
+        }
+        let mut frames = batch.encode(ledger.round, 0)?;
+        frames.extend(worker_set_frames(core)?);
+        Ok((frames, ledger.seq))
+    }
+
+    /// Builds the next round — what changed since the last one, plus the
+    /// refresh slice — and hands it to every link. Rounds with nothing in
+    /// them are not sent (they still take a sequence number).
+    pub(crate) fn round(&self, core: &Core) -> Result<(), FrameError> {
+        let mut ledger = self.lock();
+        let entries = core.registry.list();
+        let now = Instant::now();
+        let (refresh_start, refresh_count) =
+            ledger.refresh_slice(now, entries.len(), self.refresh_every);
+        let refreshed = |pos: usize| {
+            let live = entries.len().max(1);
+            (pos + live - refresh_start % live) % live < refresh_count
+        };
+        let read_at = unix_micros();
+        let mut batch = Batch::default();
+        for (pos, entry) in entries.iter().enumerate() {
+            if entry.id == u32::MAX {
+                continue;
+            }
+            let prev = ledger.told(entry);
+            // Only an entry whose flag is set can differ from the ledger.
+            let changed = if entry.take_changed() {
+                changes(entry, prev.as_ref())
+            } else {
+                None
+            };
+            match (changed, prev) {
+                (Some(next), _) => {
+                    emit_changes(&mut batch, entry, prev.as_ref(), &next);
+                    ledger.set(entry, next);
+                }
+                (None, Some(told)) if refreshed(pos) => batch.all_of(entry, &told),
+                _ => {}
+            }
+        }
+        let set_version = core.worker_set.version();
+        let set_frames = if ledger.set_version == Some(set_version) {
+            Vec::new()
+        } else {
+            ledger.set_version = Some(set_version);
+            worker_set_frames(core)?
+        };
+        ledger.seq += 1;
+        let seq = ledger.seq;
+        let mut frames = Vec::new();
+        if !batch.is_empty() {
+            let round = core.round.fetch_add(1, Ordering::Relaxed) + 1;
+            // The lag histogram needs one sample in a few rounds, not
+            // eight bytes in every one.
+            let prev_read = if round.is_multiple_of(LAG_SAMPLE_EVERY) {
+                ledger.last_read_us
+            } else {
+                0
+            };
+            frames = batch.encode(round, prev_read)?;
+            ledger.round = round;
+        }
+        ledger.last_read_us = read_at;
+        frames.extend(set_frames);
+        if !frames.is_empty() {
+            // No receiver (no link up) is not an error: the ledger holds it.
+            let _ = self.rounds.send(Arc::new(Round { seq, frames }));
+        }
+        Ok(())
+    }
+}
+
+/// What the ledger says after this round for `entry`, if anything changed
+/// since `prev` (or the entry is new to the ledger and has something to
+/// say).
+fn changes(entry: &WorkerEntry, prev: Option<&Told>) -> Option<Told> {
+    let touched = entry.touched.load(Ordering::Relaxed);
+    let polled = entry.polled.load(Ordering::Relaxed);
+    let snapshot = **entry.own_snapshot.load();
+    // A basis only means something next to counts (an untouched slot has
+    // no work since the poll).
+    let basis_ms = if touched {
+        entry.own.basis_ms.load(Ordering::Relaxed)
+    } else {
+        0
+    };
+    let slot = touched.then(|| entry.own.read());
+    let next = Told {
+        serial: entry.serial,
+        polled,
+        slot,
+        basis_ms,
+        snapshot,
+    };
+    let same = match prev {
+        Some(p) => {
+            p.polled == polled
+                && p.slot == slot
+                && p.basis_ms == basis_ms
+                && p.snapshot.map(|s| s.0) == snapshot.map(|s| s.0)
+        }
+        // Nothing worth a key definition yet.
+        None => !polled && !touched && snapshot.is_none(),
+    };
+    (!same).then_some(next)
+}
+
+/// The entries that tell a peer holding `prev` what `next` says.
+fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, next: &Told) {
+    if prev.is_none_or(|p| p.polled != next.polled) {
+        batch.cur.keys.push(KeyDef {
+            id: entry.id,
+            key: entry.key.to_string(),
+            polled: next.polled,
+        });
+    }
+    if let Some(counts) = next.slot
+        && prev.is_none_or(|p| p.slot != next.slot)
+    {
+        batch.cur.slots.push(SlotEntry {
+            id: entry.id,
+            counts,
+        });
+    }
+    if next.basis_ms > 0 && prev.is_none_or(|p| p.basis_ms != next.basis_ms) {
+        batch.cur.bases.push(BasisEntry {
+            id: entry.id,
+            polled_at_unix_ms: next.basis_ms,
+        });
+    }
+    if let Some((seq, s)) = next.snapshot
+        && prev.is_none_or(|p| p.snapshot.map(|x| x.0) != Some(seq))
+    {
+        batch.cur.snapshots.push(snapshot_entry(entry.id, &s));
+    }
+    batch.entry_done();
+}
