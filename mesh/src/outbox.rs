@@ -111,13 +111,25 @@ impl Ledger {
             None => 0.0,
         };
         self.last_round_at = Some(now);
-        let count = (owed.floor() as usize).min(live);
+        // Refreshes wait until a batch is owed: one entry owed per round
+        // would make every heartbeat a packet on every link.
+        let batch = REFRESH_MIN_BATCH.min(live).max(1) as f64;
+        let count = if owed >= batch {
+            (owed.floor() as usize).min(live)
+        } else {
+            0
+        };
         self.refresh_owed = (owed - count as f64).min(live as f64);
         let start = if live == 0 { 0 } else { self.refresh_at % live };
         self.refresh_at = start + count;
         (start, count)
     }
 }
+
+/// Fewest entries a round's refresh carries (all of them when fewer are
+/// live): at 1,000 workers and a 30 s interval, about one refresh packet
+/// per link a second instead of one with every 20 ms heartbeat.
+const REFRESH_MIN_BATCH: usize = 32;
 
 /// One round as every link sends it.
 #[derive(Debug)]

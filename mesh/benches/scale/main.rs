@@ -36,6 +36,8 @@ struct Args {
     workers: Vec<usize>,
     base: Settings,
     quick: bool,
+    /// Fit and plot saved runs instead of running.
+    refit: Vec<String>,
     out: Option<String>,
     plot: Option<String>,
 }
@@ -64,9 +66,11 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
             observers: 8,
             sync_ms: None,
             gap_ms: None,
+            max_push_rate: None,
             anti_entropy_ms: None,
         },
         quick: false,
+        refit: Vec::new(),
         out: None,
         plot: None,
     };
@@ -86,10 +90,14 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
             "--observers" => a.base.observers = num(value(), "--observers") as usize,
             "--sync-ms" => a.base.sync_ms = Some(num(value(), "--sync-ms")),
             "--gap-ms" => a.base.gap_ms = Some(num(value(), "--gap-ms")),
+            "--max-push-rate" => {
+                a.base.max_push_rate = Some(num(value(), "--max-push-rate") as u32)
+            }
             "--anti-entropy-ms" => a.base.anti_entropy_ms = Some(num(value(), "--anti-entropy-ms")),
             "--out" => a.out = Some(value()),
             "--plot" => a.plot = Some(value()),
             "--quick" => a.quick = true,
+            "--refit" => a.refit = value().split(',').map(str::to_string).collect(),
             // `cargo bench` passes --bench to every bench binary.
             "--bench" => {}
             other => panic!("unknown flag {other}"),
@@ -104,6 +112,26 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
     a
 }
 
+/// Prints the rows and growth laws of runs saved with `--out`, together
+/// (runs at different rates or sizes fit one law), and plots them.
+fn refit(args: &Args) {
+    let mut outcomes: Vec<fleet::Outcome> = Vec::new();
+    for path in &args.refit {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let runs: Vec<fleet::Outcome> =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        outcomes.extend(runs);
+    }
+    report::header();
+    for o in &outcomes {
+        report::row(o);
+    }
+    report::fits(&outcomes);
+    if let Some(path) = &args.plot {
+        std::fs::write(path, report::svg(&outcomes)).expect("write --plot");
+    }
+}
+
 fn main() {
     let mut argv = std::env::args().skip(1).peekable();
     if argv.peek().map(String::as_str) == Some("--node") {
@@ -112,6 +140,10 @@ fn main() {
         return;
     }
     let args = parse(argv);
+    if !args.refit.is_empty() {
+        refit(&args);
+        return;
+    }
     println!(
         "mesh scale: {} bookings/s per replica, a snapshot per owned worker every {} ms, {} s windows, one process per replica",
         args.base.rate, args.base.poll_ms, args.base.secs

@@ -34,6 +34,7 @@ pub struct Settings {
     /// Overrides of the mesh defaults (None: production default).
     pub sync_ms: Option<u64>,
     pub gap_ms: Option<u64>,
+    pub max_push_rate: Option<u32>,
     pub anti_entropy_ms: Option<u64>,
 }
 
@@ -90,6 +91,9 @@ fn config(spec: &Spec) -> MeshConfig {
     c.seeds = spec.seeds.iter().map(|a| a.to_string()).collect();
     if let Some(ms) = s.sync_ms {
         c.sync_interval = Duration::from_millis(ms);
+    }
+    if let Some(rate) = s.max_push_rate {
+        c.max_push_rate = rate;
     }
     if let Some(ms) = s.gap_ms {
         c.push_min_gap = Duration::from_millis(ms);

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-pub use process::{SHOAL_BIN_ENV, free_ports, locate_shoal, tail};
+pub use process::{SHOAL_BIN_ENV, free_ports, gen_certs, locate_shoal, spawn_logged, tail};
 pub use status::{Member, MeshStatus, Share, SnapshotInfo, WorkerLoad, same_url};
 
 use crate::client::HttpClient;
