@@ -60,6 +60,12 @@ impl HttpClient {
     }
 }
 
+/// Read buffer of each side connection (health checks, load polls, model
+/// lists). Fixed rather than adaptive: an idle pooled connection to every
+/// engine keeps its buffer, and hyper's adaptive one grows to the largest
+/// body it has read (tests/BENCHMARKS.md, "One `shoal` process at scale").
+const SIDE_READ_BUFFER_BYTES: usize = 4096;
+
 /// Builds a client whose connects (TLS handshake included) give up after
 /// `connect_timeout`, trusting `https://` engines as `tls` says.
 pub fn build_client(connect_timeout: Duration, tls: Arc<rustls::ClientConfig>) -> HttpClient {
@@ -79,6 +85,7 @@ pub fn build_client(connect_timeout: Duration, tls: Arc<rustls::ClientConfig>) -
         inner: Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
+            .http1_read_buf_exact_size(SIDE_READ_BUFFER_BYTES)
             .build(https),
         auth: None,
         authorization: None,

@@ -35,8 +35,14 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Idle connections kept per engine per thread.
 pub const MAX_IDLE_PER_ENGINE: usize = 256;
-/// Bytes read from the socket at a time (at least).
-const READ_CHUNK: usize = 16 * 1024;
+/// Bytes a new connection reads from the socket at a time (at least): an
+/// SSE event or a chat completion fits, and 10,000 open streams hold 40 MiB
+/// of buffers rather than 160 (tests/BENCHMARKS.md, "One `shoal` process at
+/// scale").
+const MIN_READ_CHUNK: usize = 4 * 1024;
+/// The read size a connection grows to (doubling each time a read fills
+/// all the room it had) when its responses are large.
+const MAX_READ_CHUNK: usize = 16 * 1024;
 /// How often a pool sweeps every engine's idle list for expired ones.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
@@ -118,6 +124,8 @@ pub struct Conn {
     /// The pool key: the engine's `host:port`, `tls://`-prefixed for TLS.
     authority: Arc<str>,
     idle_since: Instant,
+    /// Bytes to make room for before a read (see [`MIN_READ_CHUNK`]).
+    read_chunk: usize,
 }
 
 impl Conn {
@@ -147,9 +155,10 @@ impl Conn {
             .map_err(|_| ConnectError::Timeout(timeout))??;
         Ok(Self {
             stream,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+            buf: BytesMut::with_capacity(MIN_READ_CHUNK),
             authority: key,
             idle_since: Instant::now(),
+            read_chunk: MIN_READ_CHUNK,
         })
     }
 
@@ -184,10 +193,18 @@ impl Conn {
     /// `EAGAIN` (nginx's `ready` flag does the same). With `try_read_buf`
     /// that failed read was one syscall of every proxied request.
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
-            self.buf.reserve(READ_CHUNK);
+        if self.buf.capacity() - self.buf.len() < self.read_chunk / 4 {
+            self.buf.reserve(self.read_chunk);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
+        let room = self.buf.capacity() - self.buf.len();
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf);
+        if let Poll::Ready(Ok(n)) = read
+            && n == room
+            && self.read_chunk < MAX_READ_CHUNK
+        {
+            self.read_chunk *= 2;
+        }
+        read
     }
 
     /// [`Conn::poll_fill`] as a future.
@@ -292,4 +309,52 @@ pub fn put(mut conn: Conn) {
 #[cfg(test)]
 pub fn idle_count(authority: &str) -> usize {
     POOL.with(|pool| pool.borrow().idle.get(authority).map_or(0, Vec::len))
+}
+
+#[cfg(test)]
+mod read_size_tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// Small responses (SSE events) keep a connection's read size at its
+    /// minimum; a large body grows it, up to the maximum.
+    #[tokio::test]
+    async fn the_read_size_starts_small_and_grows_only_for_large_bodies() {
+        const EVENT: &[u8] = b"data: {\"token\":\"x\"}\n\n";
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (go_large, large) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            for _ in 0..20 {
+                socket.write_all(EVENT).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            large.await.unwrap();
+            socket.write_all(&vec![b'y'; 256 * 1024]).await.unwrap();
+        });
+        let mut conn = Conn::connect(addr.clone().into(), &addr, None, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut got = 0;
+        while got < 20 * EVENT.len() {
+            let n = conn.fill().await.unwrap();
+            assert!(n > 0, "the server closed early");
+            got += n;
+            conn.buf.clear();
+        }
+        assert_eq!(conn.read_chunk, MIN_READ_CHUNK);
+        assert!(conn.buf.capacity() <= MIN_READ_CHUNK);
+        go_large.send(()).unwrap();
+        let mut got = 0;
+        while got < 256 * 1024 {
+            let n = conn.fill().await.unwrap();
+            assert!(n > 0, "the server closed early");
+            got += n;
+            conn.buf.clear();
+        }
+        assert_eq!(conn.read_chunk, MAX_READ_CHUNK);
+        server.await.unwrap();
+    }
 }

@@ -41,6 +41,9 @@ struct Cli {
     /// The shoal binary (default: next to this one, or $SHOAL_BIN).
     #[arg(long)]
     shoal_bin: Option<PathBuf>,
+    /// Extra shoal flags, one per occurrence (`--shoal-arg=--worker-load-source=none`).
+    #[arg(long = "shoal-arg", allow_hyphen_values = true)]
+    shoal_args: Vec<String>,
     /// Give up on a stage after this many seconds.
     #[arg(long, default_value_t = 400)]
     stage_timeout_secs: u64,
@@ -230,6 +233,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(cli.shoal_args.iter().cloned())
     .collect();
     let log = dir.path().join("shoal.log");
     let (child, addr) = spawn_logged(&shoal, &args, &log, stage_timeout)
