@@ -157,12 +157,15 @@ async fn without_an_admin_key_loopback_admins_still_work() {
     );
 }
 
-#[tokio::test]
-async fn engines_never_see_a_shoal_key_and_get_the_worker_key_everywhere() {
+/// Starts one engine serving `test-model` and a router with the inference
+/// key, 1 s health checks and `extra` flags, and sends one keyed chat
+/// request through it (answered 200).
+async fn keyed_chat(extra: &[&str]) -> (FakeEngine, Router) {
     let engine = FakeEngine::start().await;
     *engine.state.models.lock().await = vec!["test-model".into()];
     let mut args = base_args(&[&engine.url]);
     args.extend(["--api-key".into(), KEY.into()]);
+    args.extend(extra.iter().map(|a| a.to_string()));
     args.extend(["--health-check-interval-secs".into(), "1".into()]);
     let router = Router::start(&args).await;
     let response = send(
@@ -174,28 +177,19 @@ async fn engines_never_see_a_shoal_key_and_get_the_worker_key_everywhere() {
     )
     .await;
     assert_eq!(response.status(), 200);
+    (engine, router)
+}
+
+#[tokio::test]
+async fn engines_never_see_a_shoal_key_and_get_the_worker_key_everywhere() {
+    let (engine, _router) = keyed_chat(&[]).await;
     let seen = engine.state.authorizations.lock().unwrap().clone();
     assert!(
         seen.iter().all(|(_, auth)| auth.is_none()),
         "no Authorization reaches the engine: {seen:?}"
     );
 
-    let engine = FakeEngine::start().await;
-    *engine.state.models.lock().await = vec!["test-model".into()];
-    let mut args = base_args(&[&engine.url]);
-    args.extend(["--api-key".into(), KEY.into()]);
-    args.extend(["--worker-api-key".into(), "sk-engine-key-01".into()]);
-    args.extend(["--health-check-interval-secs".into(), "1".into()]);
-    let router = Router::start(&args).await;
-    let response = send(
-        &router,
-        reqwest::Method::POST,
-        "/v1/chat/completions",
-        Some(KEY),
-        Some(chat_body(false)),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
+    let (engine, _router) = keyed_chat(&["--worker-api-key", "sk-engine-key-01"]).await;
     assert!(
         eventually(Duration::from_secs(5), || async {
             let seen = engine.state.authorizations.lock().unwrap().clone();
