@@ -6,30 +6,33 @@
 //! every hop is a cross-thread wake-up (a futex and a cold cache). Profiles
 //! of the proxy against a fast backend showed half of its CPU in the kernel
 //! doing exactly that. Here each I/O thread is a single-threaded runtime
-//! that accepts from its own handle on the listening socket and keeps every
-//! connection it accepted, and it talks to workers over connections pooled
-//! per thread (`link`): one request is read,
-//! routed, forwarded and answered on one thread, as nginx's workers do.
+//! that keeps every connection handed to it, and it talks to workers over
+//! connections pooled per thread (`link`): one request is read, routed,
+//! forwarded and answered on one thread, as nginx's workers do.
 //! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
 //! every thread; only socket work is per thread. Background work (health
 //! checks, load polls, the mesh) stays on the main runtime.
 //!
 //! One acceptor task (on the main runtime) accepts connections and hands
-//! each to the I/O thread with the fewest open connections, so a handful of
-//! long-lived keep-alive connections still spreads over every thread; any
-//! listener a caller bound (tests bind port 0) works unchanged.
+//! each to an I/O thread: the first one that is not yet busy, so a light
+//! load runs on few threads and more join as it grows ([`placement`] says
+//! why); any listener a caller bound (tests bind port 0) works unchanged.
+
+mod placement;
 
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
+
+use placement::{BusyClock, BusySampler, LaneLoad};
 
 /// What the I/O threads serve each connection with: a hyper service
 /// answering with axum's response type (the replica's `http::Front`).
@@ -88,6 +91,8 @@ struct Lane {
     connections: mpsc::UnboundedSender<std::net::TcpStream>,
     /// Connections the thread is serving now.
     open: Arc<AtomicUsize>,
+    /// Time the thread spent awake (not parked).
+    busy: Arc<BusyClock>,
 }
 
 /// What client connections are held to: the replica's defence against
@@ -139,12 +144,22 @@ impl IoThreads {
         let (stop, stop_rx) = watch::channel(false);
         let mut lanes = Vec::with_capacity(count);
         let mut finished = Vec::with_capacity(count);
+        let origin = Instant::now();
         for index in 0..count.max(1) {
+            let busy = Arc::new(BusyClock::new(origin));
             // I/O and timers only: the signal and process drivers (which
             // `enable_all` adds) would be checked on every turn for nothing.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_io()
                 .enable_time()
+                .on_thread_park({
+                    let busy = busy.clone();
+                    move || busy.parked()
+                })
+                .on_thread_unpark({
+                    let busy = busy.clone();
+                    move || busy.unparked()
+                })
                 .build()?;
             let (connections, incoming) = mpsc::unbounded_channel();
             let open = Arc::new(AtomicUsize::new(0));
@@ -164,7 +179,11 @@ impl IoThreads {
                     drop(runtime);
                     let _ = done.send(());
                 })?;
-            lanes.push(Lane { connections, open });
+            lanes.push(Lane {
+                connections,
+                open,
+                busy,
+            });
             finished.push(finished_rx);
         }
         let acceptor = tokio::spawn(accept(listener, lanes, limits.max_connections, stop_rx));
@@ -190,9 +209,10 @@ impl IoThreads {
 /// How often an accept failure that repeats is logged.
 const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Accepts until stopped, giving each connection to the least busy lane;
-/// past `max_connections` open ones, a new connection is closed at once
-/// (counted), so descriptors stay free for engines and the mesh.
+/// Accepts until stopped, giving each connection to the lane
+/// [`placement::place`] picks; past `max_connections` open ones, a new
+/// connection is closed at once (counted), so descriptors stay free for
+/// engines and the mesh.
 async fn accept(
     listener: TcpListener,
     lanes: Vec<Lane>,
@@ -200,6 +220,8 @@ async fn accept(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut warned: Option<std::time::Instant> = None;
+    let clocks: Vec<&BusyClock> = lanes.iter().map(|lane| lane.busy.as_ref()).collect();
+    let mut sampler = BusySampler::new(&clocks);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -225,10 +247,16 @@ async fn accept(
             drop(stream);
             continue;
         }
-        let Some(lane) = lanes
+        let busy = sampler.busy(clocks.iter().copied());
+        let loads: Vec<LaneLoad> = lanes
             .iter()
-            .min_by_key(|lane| lane.open.load(Ordering::Relaxed))
-        else {
+            .zip(busy)
+            .map(|(lane, busy)| LaneLoad {
+                busy,
+                open: lane.open.load(Ordering::Relaxed),
+            })
+            .collect();
+        let Some(lane) = placement::place(&loads).and_then(|i| lanes.get(i)) else {
             break;
         };
         match stream.into_std() {
@@ -408,7 +436,9 @@ mod tests {
     use super::*;
 
     /// A router that answers with the name of the thread that served it,
-    /// after `delay_ms` from the query (`/?delay_ms=200`).
+    /// after `delay_ms` from the query (`/?delay_ms=200`), or after
+    /// keeping its thread busy for `busy_ms` (`/?busy_ms=300`: the thread
+    /// is blocked, as a thread doing that much work would be).
     fn app() -> axum::Router {
         axum::Router::new().route(
             "/",
@@ -416,6 +446,9 @@ mod tests {
                 |query: axum::extract::Query<BTreeMap<String, u64>>| async move {
                     if let Some(ms) = query.get("delay_ms") {
                         tokio::time::sleep(Duration::from_millis(*ms)).await;
+                    }
+                    if let Some(ms) = query.get("busy_ms") {
+                        std::thread::sleep(Duration::from_millis(*ms));
                     }
                     std::thread::current().name().unwrap_or("?").to_string()
                 },
@@ -432,13 +465,16 @@ mod tests {
         (io, url)
     }
 
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder().no_proxy().build().unwrap()
+    }
+
     #[tokio::test]
-    async fn connections_spread_over_the_io_threads_and_requests_run_there() {
+    async fn a_quiet_thread_takes_new_connections_and_a_busy_one_hands_them_on() {
         let (io, url) = start(2).await;
-        // Four keep-alive connections, opened while the others stay open.
-        let clients: Vec<reqwest::Client> = (0..4)
-            .map(|_| reqwest::Client::builder().no_proxy().build().unwrap())
-            .collect();
+        // Four keep-alive connections, opened while the others stay open,
+        // on an idle replica: the first thread takes them all.
+        let clients: Vec<reqwest::Client> = (0..4).map(|_| client()).collect();
         let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
         for client in &clients {
             let name = client.get(&url).send().await.unwrap().text().await.unwrap();
@@ -446,16 +482,28 @@ mod tests {
         }
         assert_eq!(
             served_by,
-            BTreeMap::from([("shoal-io-0".to_string(), 2), ("shoal-io-1".to_string(), 2)]),
-            "each new connection goes to the thread with the fewest open ones"
+            BTreeMap::from([("shoal-io-0".to_string(), 4)]),
+            "a quiet thread takes every new connection"
         );
         // A connection stays on its thread for its next requests.
         for client in &clients {
-            let first = client.get(&url).send().await.unwrap().text().await.unwrap();
             let again = client.get(&url).send().await.unwrap().text().await.unwrap();
-            assert_eq!(first, again);
+            assert_eq!(again, "shoal-io-0");
         }
+        // Keep the first thread busy; a connection opened meanwhile goes to
+        // the second, which answers at once.
+        let busy = tokio::spawn({
+            let client = clients[0].clone();
+            let url = format!("{url}/?busy_ms=600");
+            async move { client.get(url).send().await?.text().await }
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let fresh = client();
+        let name = fresh.get(&url).send().await.unwrap().text().await.unwrap();
+        assert_eq!(name, "shoal-io-1", "a busy thread hands new connections on");
+        assert_eq!(busy.await.unwrap().unwrap(), "shoal-io-0");
         drop(clients);
+        drop(fresh);
         io.shutdown().await;
     }
 
