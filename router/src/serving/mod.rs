@@ -473,10 +473,13 @@ mod tests {
     async fn a_quiet_thread_takes_new_connections_and_a_busy_one_hands_them_on() {
         let (io, url) = start(2).await;
         // Four keep-alive connections, opened while the others stay open,
-        // on an idle replica: the first thread takes them all.
+        // on an idle replica: the first thread takes them all. The pauses
+        // let the acceptor measure each thread's busyness between them
+        // (a thread whose parks went uncounted would look busy).
         let clients: Vec<reqwest::Client> = (0..4).map(|_| client()).collect();
         let mut served_by: BTreeMap<String, usize> = BTreeMap::new();
         for client in &clients {
+            tokio::time::sleep(Duration::from_millis(80)).await;
             let name = client.get(&url).send().await.unwrap().text().await.unwrap();
             *served_by.entry(name).or_default() += 1;
         }
