@@ -166,7 +166,10 @@ mod tests {
     #[test]
     fn a_quiet_first_thread_takes_every_connection() {
         assert_eq!(place(&[lane(0.0, 0), lane(0.0, 0)]), Some(0));
-        assert_eq!(place(&[lane(0.3, 40), lane(0.0, 0)]), Some(0));
+        assert_eq!(
+            place(&[lane(0.3, FILL_MAX_OPEN - 1), lane(0.0, 0)]),
+            Some(0)
+        );
     }
 
     #[test]
