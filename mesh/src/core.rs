@@ -20,6 +20,7 @@ use shoal_proto::{EngineKind, EngineLoad};
 use crate::identity::{Incarnation, unix_micros};
 use crate::outbox::Outbox;
 use crate::registry::Registry;
+use crate::sightings::SightingExchange;
 use crate::slot::{PollStamp, RemoteView, SnapshotView, WorkerEntry};
 use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
@@ -105,6 +106,9 @@ pub(crate) struct Core {
     pub(crate) worker_set: SharedWorkerSet,
     /// What the peers were told, and the rounds every link sends.
     pub(crate) outbox: Outbox,
+    /// Prompt keys seen here for the first time, for the next round, and
+    /// where the peers' go.
+    pub(crate) sightings: Arc<SightingExchange>,
 }
 
 impl std::fmt::Debug for Core {
@@ -147,6 +151,7 @@ impl Core {
             changes,
             worker_set,
             outbox: Outbox::new(refresh_every),
+            sightings: Arc::default(),
         }
     }
 

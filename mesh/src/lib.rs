@@ -32,6 +32,7 @@ pub mod ownership;
 mod push;
 mod registry;
 mod session;
+mod sightings;
 mod slot;
 pub mod state;
 mod status;
@@ -51,6 +52,7 @@ pub use config::{
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};
 pub use shoal_proto as proto;
+pub use sightings::{MAX_PENDING_SIGHTINGS, SightingReceiver, SightingSender};
 pub use slot::{FleetLoad, PollStamp, SlotBooking, SnapshotView, WorkerSlot};
 pub use state::MAX_CLOCK_SKEW_MS;
 pub use status::{Footprint, MemberStatus, MeshStatus, ReplicaShare, SnapshotStatus, WorkerStatus};

@@ -27,6 +27,7 @@ use crate::membership::{
     self, Dialers, KEY_HTTP, KEY_OWNERSHIP_HASH, KEY_QUIC, KEY_READINESS, KEY_VERSION,
 };
 use crate::push::LinkTimings;
+use crate::sightings::{SightingReceiver, SightingSender};
 use crate::slot::{PollStamp, WorkerSlot};
 use crate::status::{self, Footprint, MeshStatus};
 use crate::telemetry::TrafficStatus;
@@ -362,6 +363,19 @@ impl Mesh {
             .map_or(1, |(seq, _)| seq + 1);
         slot.entry.own_snapshot.store(Arc::new(Some((seq, value))));
         slot.entry.changed();
+    }
+
+    /// The handle through which the router shares the keys of prompts it
+    /// sees for the first time with every peer (fleet-wide affinity
+    /// evidence; see `sightings`).
+    pub fn sighting_sender(&self) -> SightingSender {
+        SightingSender::new(&self.core.sightings, self.core.registry.bell())
+    }
+
+    /// Sets where the keys peers saw are delivered; false if one was set
+    /// already (the first call wins).
+    pub fn on_peer_sightings(&self, receiver: SightingReceiver) -> bool {
+        self.core.sightings.set_receiver(receiver)
     }
 
     /// Poll ownership of `worker` (rendezvous hashing) among the replicas

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
-use shoal_proto::frames::{Frame, Hello};
+use shoal_proto::frames::{Frame, Hello, MAX_SIGHTINGS_PER_FRAME};
 
 use crate::core::{Core, LinkInfo};
 use crate::identity::{Incarnation, valid_node_name};
@@ -219,6 +219,15 @@ async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut 
                 for refused in core.worker_set.merge(&frame.entries) {
                     core.telemetry.dropped(refused.reason());
                 }
+            }
+            Ok(Read::Frame(Frame::Sightings(frame), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                if frame.keys.len() > MAX_SIGHTINGS_PER_FRAME {
+                    core.telemetry.dropped("oversize_sightings");
+                    continue;
+                }
+                core.telemetry.sightings_received(frame.keys.len());
+                core.sightings.deliver(&frame.keys);
             }
             Ok(Read::Frame(Frame::Hello(_), _)) => core.telemetry.dropped("unexpected_hello"),
             Ok(Read::Bad(e)) => {

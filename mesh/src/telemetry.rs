@@ -7,7 +7,8 @@
 //! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
-//! `shoal_mesh_link_resyncs_total` (counters);
+//! `shoal_mesh_link_resyncs_total`, `shoal_mesh_sightings_received_total`,
+//! `shoal_mesh_sightings_dropped_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
@@ -81,6 +82,11 @@ impl Telemetry {
             .fetch_add(bytes as u64, Ordering::Relaxed);
         metrics::counter!("shoal_mesh_frames_received_total").increment(1);
         metrics::counter!("shoal_mesh_bytes_received_total").increment(bytes as u64);
+    }
+
+    /// Counts prompt keys a peer reported seeing (see `sightings`).
+    pub(crate) fn sightings_received(&self, keys: usize) {
+        metrics::counter!("shoal_mesh_sightings_received_total").increment(keys as u64);
     }
 
     /// Counts one dropped frame, refused connection or bad entry.
@@ -189,10 +195,20 @@ pub fn describe_metrics() {
         "undecodable",
         "version",
         "unexpected_hello",
+        "oversize_sightings",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }
     metrics::counter!("shoal_mesh_link_resyncs_total").increment(0);
+    metrics::counter!("shoal_mesh_sightings_dropped_total").increment(0);
+    describe_counter!(
+        "shoal_mesh_sightings_received_total",
+        "Prompt keys peers reported seeing for the first time (fleet-wide affinity evidence)."
+    );
+    describe_counter!(
+        "shoal_mesh_sightings_dropped_total",
+        "Prompt keys not shared because the outbound queue was full."
+    );
     describe_gauge!(
         "shoal_mesh_members",
         "Live verified mesh members, this replica included."

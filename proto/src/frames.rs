@@ -53,6 +53,28 @@ pub enum Frame {
     /// these frames as undecodable, counted, and keeps the session, so
     /// replicas of both builds still share load during a rolling upgrade).
     Workers(WorkerSetFrame),
+    /// Keys of prompts the sender routed for the first time (appended after
+    /// `Workers`, the same way: an older build drops it, counted, and keeps
+    /// the session). Lets every replica's affinity policy treat a prompt
+    /// prefix seen anywhere in the fleet as seen.
+    Sightings(SightingsFrame),
+}
+
+/// Most keys one [`SightingsFrame`] carries; a receiver drops, counted, a
+/// frame with more (a sender splits its batch into frames of this size).
+pub const MAX_SIGHTINGS_PER_FRAME: usize = 8192;
+
+/// Prompt keys the sender saw for the first time since its last frame.
+///
+/// A key is a 64-bit hash of a prompt's first blocks (the policy's
+/// `affinity_key`), never prompt text: a peer learns only that some client
+/// sent a prompt with that prefix, which it could learn by receiving the
+/// same request itself; the hash cannot be turned back into text without
+/// guessing the whole prefix, and it travels only on the mTLS load link.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SightingsFrame {
+    /// The keys, at most [`MAX_SIGHTINGS_PER_FRAME`].
+    pub keys: Vec<u64>,
 }
 
 /// Entries of the fleet-wide worker set (what admins added and removed on
@@ -375,6 +397,24 @@ mod tests {
         let bytes = encode(&frame).unwrap();
         assert_eq!(bytes, [2, 3, 1, 1, b'u', 5, 1, b'a', 1]);
         assert_eq!(decode(&bytes).unwrap(), frame);
+    }
+
+    /// The sightings variant, appended after the worker set: variant 4,
+    /// then the keys as varints. The older variants keep their bytes
+    /// (checked above).
+    #[test]
+    fn the_sightings_variant_is_appended_after_the_worker_set() {
+        let frame = Frame::Sightings(SightingsFrame { keys: vec![5, 300] });
+        let bytes = encode(&frame).unwrap();
+        assert_eq!(bytes, [2, 4, 2, 5, 251, 0x2c, 0x01]);
+        assert_eq!(decode(&bytes).unwrap(), frame);
+        let full = Frame::Sightings(SightingsFrame {
+            keys: vec![u64::MAX; MAX_SIGHTINGS_PER_FRAME],
+        });
+        assert!(
+            encode(&full).unwrap().len() < MAX_FRAME_BYTES,
+            "a full frame fits"
+        );
     }
 
     #[test]

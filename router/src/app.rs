@@ -78,6 +78,9 @@ impl Server {
             config.load.polls_engines(),
         ));
         let policy = policy::build(&config.routing);
+        if let (Some(mesh), Some(sightings)) = (&mesh, policy.sightings()) {
+            mesh_setup::share_sightings(mesh, &sightings);
+        }
         let worker_set = match &mesh {
             Some(mesh) => mesh.worker_set(),
             None => SharedWorkerSet::local(config.mesh.node_name(), removal_ttl),

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use shoal_mesh::{Mesh, MeshConfig, PemSource, TlsConfig};
 
+use crate::policy::Sightings;
+
 use crate::config::MeshArgs;
 
 /// Why the mesh could not start.
@@ -75,4 +77,18 @@ pub async fn start(
         "mesh started"
     );
     Ok(Some(Arc::new(mesh)))
+}
+
+/// Makes `sightings` fleet-wide: keys new here go to every peer, and the
+/// peers' keys are recorded here (the mesh holds only a weak reference, so
+/// the table goes when the policy does).
+pub fn share_sightings(mesh: &Mesh, sightings: &Arc<Sightings>) {
+    let sender = mesh.sighting_sender();
+    sightings.share_with(Box::new(move |key| sender.send(key)));
+    let table = Arc::downgrade(sightings);
+    mesh.on_peer_sightings(Arc::new(move |keys: &[u64]| {
+        if let Some(table) = table.upgrade() {
+            table.absorb(keys);
+        }
+    }));
 }

@@ -286,3 +286,75 @@ async fn without_the_mesh_every_replica_polls_every_engine() {
     })
     .await;
 }
+
+/// How long an idle fleet takes to forget a finished request everywhere
+/// (its release pushed, a 100 ms poll taken and shared).
+const SETTLE: Duration = Duration::from_millis(400);
+
+/// `shoal_mesh_sightings_received_total` of replica `i`.
+async fn sightings_received(s: &Setup, i: usize) -> Option<u64> {
+    let resp = s
+        .client
+        .get(&format!("{}/metrics", s.fleet.url(i)))
+        .await
+        .ok()?;
+    resp.text()
+        .lines()
+        .find_map(|l| l.strip_prefix("shoal_mesh_sightings_received_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// (f) `prefix_affinity` across replicas: a prompt seen once on replica a
+/// has affinity on b and c the next time, as it would on one router (the
+/// first sighting is shared over the mesh). Without the sharing, b's and
+/// c's first sightings would go to least_load's pick, a random one of four
+/// idle engines: all three replicas agreeing on all six prompts by chance
+/// has odds of about 1 in 4^12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_seen_on_one_replica_has_affinity_on_every_replica_next_time() {
+    run(async {
+        let args = [
+            "--policy",
+            "prefix_affinity",
+            "--load-poll-interval-ms",
+            "100",
+        ];
+        let s = meshed(4, &args).await;
+        for tag in 0..6u64 {
+            let prompt = text(1_000 + tag, 2_000);
+            short_request(&s.client, &s.fleet.url(0), &prompt, 1)
+                .await
+                .unwrap();
+            tokio::time::sleep(SETTLE).await;
+            for r in [1, 2] {
+                wait_for(
+                    "the peers hear of the first sighting",
+                    Duration::from_secs(2),
+                    async || (sightings_received(&s, r).await? > tag).then_some(()),
+                )
+                .await;
+            }
+            let mut picks = Vec::new();
+            for r in [1, 2, 0] {
+                let before = s.accepted();
+                short_request(&s.client, &s.fleet.url(r), &prompt, 1)
+                    .await
+                    .unwrap();
+                picks.push(chosen(&before, &s.accepted()));
+                // The fleet is idle again before the next request: the
+                // release has reached the peers and a poll has cleared the
+                // work dispatched since the last one. In a fleet this idle
+                // the load bound is tight (at one request in flight only
+                // idle engines are admitted), so leftovers would overflow.
+                tokio::time::sleep(SETTLE).await;
+            }
+            assert!(
+                picks.iter().all(|&p| p == picks[0]),
+                "prompt {tag}: b, c and a again picked {picks:?}\n{}",
+                s.log(1)
+            );
+        }
+    })
+    .await;
+}

@@ -23,7 +23,8 @@
 //!
 //! 1. Write `policy/<name>.rs`: a type implementing [`Policy`]. It states
 //!    what it needs through the trait's capability methods (request text,
-//!    token-work, per-worker clean-up, background upkeep); nothing outside
+//!    token-work, per-worker clean-up, background upkeep, fleet-wide
+//!    sightings of prompt keys); nothing outside
 //!    this module ever asks which policy is running.
 //! 2. Add a variant to `PolicyKind` (`config/routing.rs`); its doc comment
 //!    is the `--policy` value's help.
@@ -48,6 +49,7 @@ mod prefix_affinity;
 mod prefix_tree;
 mod random;
 mod round_robin;
+mod sightings;
 mod signals;
 
 mod registry;
@@ -75,6 +77,7 @@ pub use prefix_tree::TreeUpkeep;
 pub use random::RandomPolicy;
 pub use registry::{Registration, build, registration};
 pub use round_robin::RoundRobinPolicy;
+pub use sightings::{ShareSighting, Sightings};
 
 /// A routing policy: the one interface the router routes through, so a
 /// policy's needs are asked for, never inferred from its name.
@@ -94,6 +97,13 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// Whether [`RequestInfo::text`] must be filled (prefix-matching policies).
     fn needs_request_text(&self) -> bool {
         false
+    }
+
+    /// The table of recently seen prompt keys the policy decides with, if
+    /// it keeps one: the router shares it with the mesh's peers, so
+    /// "seen before" means seen anywhere in the fleet (see [`Sightings`]).
+    fn sightings(&self) -> Option<Arc<Sightings>> {
+        None
     }
 
     /// Token-work to book for `request` on the chosen worker. The default is

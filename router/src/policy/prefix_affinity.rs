@@ -10,10 +10,12 @@
 //! 1. **Key.** The prompt's first `--prefix-affinity-blocks` 64-byte
 //!    blocks, hashed ([`affinity_key`]). A prompt shorter than that has no
 //!    key: its prefill is cheap, and it is routed by least_load alone.
-//! 2. **Evidence of sharing.** A key this replica has not seen recently
-//!    (a small direct-mapped table of recent keys) is routed by least_load
-//!    alone: a unique prompt gains nothing from affinity, so it should get
-//!    the least wait. The second request with the same key has affinity.
+//! 2. **Evidence of sharing.** A key the fleet has not seen recently (a
+//!    small direct-mapped table of recent keys, [`Sightings`], fed by this
+//!    replica's prompts and its peers' over the mesh) is routed by
+//!    least_load alone: a unique prompt gains nothing from affinity, so it
+//!    should get the least wait. The second request with the same key has
+//!    affinity, on whichever replica it arrives.
 //! 3. **Bounded loads** (Mirrokni, Thorup and Zadimoghaddam, "Consistent
 //!    Hashing with Bounded Loads"), on two loads read from the fleet view,
 //!    `ε = --prefix-affinity-epsilon` for both. A candidate is eligible
@@ -38,21 +40,23 @@
 //!    overflow to different engines, so nothing herds onto one "coldest"
 //!    worker. Removing a worker moves only the prefixes it held.
 //!
-//! The mesh carries no prompt text and no block hashes: replicas agree
-//! because the key is a pure function of the prompt and the bound reads the
-//! fleet view every replica shares. The only per-replica state is the
-//! recent-keys table, which decides only whether a key is shared at all.
+//! The mesh carries no prompt text: replicas agree because the key is a
+//! pure function of the prompt and the bound reads the fleet view every
+//! replica shares. The recent-keys table, which decides only whether a key
+//! is shared at all, is kept fleet-wide by sending each key seen for the
+//! first time (8 bytes, the hash above) to the peers: kept per replica, a
+//! prefix went without affinity once per replica instead of once.
 
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Policy;
 use super::knobs::Knobs;
 use super::least_load::{LeastLoadPolicy, Scores};
 use super::pick;
+use super::sightings::Sightings;
 use crate::config::{LeastLoadConfig, PrefixAffinityConfig, RoutingConfig};
 use crate::fleet::FleetView;
 use crate::request::RequestInfo;
@@ -61,10 +65,6 @@ use crate::workers::Worker;
 /// Bytes per block of the affinity key (the engines' and the mock's
 /// prefix-cache granularity in characters of text).
 pub const BLOCK_BYTES: usize = 64;
-
-/// Slots of the recent-keys table (a power of two): 128 KiB, enough that a
-/// prefix seen once in every few thousand requests is still remembered.
-const RECENT_KEYS: usize = 1 << 14;
 
 /// splitmix64's finaliser: a well-mixed 64-bit value from a weak one.
 fn mix(mut z: u64) -> u64 {
@@ -92,34 +92,6 @@ pub fn affinity_key(text: &[u8], blocks: usize) -> Option<u64> {
 /// prompts with `key`: the highest eligible weight wins.
 pub fn rendezvous_weight(key: u64, url_hash: u64) -> u64 {
     mix(key.wrapping_add(url_hash.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
-}
-
-/// Keys of recently routed prompts, one per slot, overwritten on collision:
-/// "seen before" may be forgotten, never invented (a slot holds a full key).
-#[derive(Debug)]
-struct RecentKeys {
-    slots: Box<[AtomicU64]>,
-}
-
-impl Default for RecentKeys {
-    fn default() -> Self {
-        Self {
-            slots: (0..RECENT_KEYS).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-}
-
-impl RecentKeys {
-    /// Records `key` and says whether it was already there.
-    fn seen_before(&self, key: u64) -> bool {
-        // 0 marks an empty slot, so no stored key may be 0.
-        let stored = key | 1;
-        let slot = &self.slots[(key >> 32) as usize & (RECENT_KEYS - 1)];
-        if slot.load(Ordering::Relaxed) == stored {
-            return true;
-        }
-        slot.swap(stored, Ordering::Relaxed) == stored
-    }
 }
 
 /// The bounded-loads capacity of one selection: a candidate may take the
@@ -166,7 +138,7 @@ impl LoadBound {
 pub struct PrefixAffinityPolicy {
     config: Knobs<PrefixAffinityConfig>,
     least_load: LeastLoadPolicy,
-    recent: RecentKeys,
+    recent: Arc<Sightings>,
 }
 
 impl PrefixAffinityPolicy {
@@ -175,7 +147,7 @@ impl PrefixAffinityPolicy {
         Self {
             config: Knobs::new(config),
             least_load: LeastLoadPolicy::new(least_load),
-            recent: RecentKeys::default(),
+            recent: Arc::default(),
         }
     }
 
@@ -224,6 +196,10 @@ impl Policy for PrefixAffinityPolicy {
 
     fn needs_request_text(&self) -> bool {
         true
+    }
+
+    fn sightings(&self) -> Option<Arc<Sightings>> {
+        Some(self.recent.clone())
     }
 
     fn reconfigure(&self, routing: &RoutingConfig) {

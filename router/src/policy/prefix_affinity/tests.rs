@@ -75,6 +75,53 @@ fn replicas_with_the_same_view_pick_the_same_worker_for_the_same_prompt() {
     assert!(homes.len() >= 5, "24 prefixes over 8 workers: {homes:?}");
 }
 
+/// Two replicas whose recent-key tables are joined as the mesh joins
+/// them: each key new on one is recorded on the other.
+fn joined_pair() -> [PrefixAffinityPolicy; 2] {
+    let pair = [policy(), policy()];
+    for (from, to) in [(0, 1), (1, 0)] {
+        let peer = pair[to].sightings().unwrap();
+        let table = pair[from].sightings().unwrap();
+        assert!(table.share_with(Box::new(move |key| peer.absorb(&[key]))));
+    }
+    pair
+}
+
+#[test]
+fn a_prompt_seen_on_one_replica_has_affinity_on_its_peers_next_time() {
+    let workers = idle_workers(8);
+    // Worker 0 is the least loaded, so a prompt without affinity goes there.
+    for w in &workers[1..] {
+        set_load(w, engine().queued(500).throughput(2000.0).usage(0.1));
+    }
+    let joined = joined_pair();
+    let apart = [policy(), policy()];
+    let mut away_from_least = 0;
+    for tag in 0..16 {
+        let request = long_prompt(tag);
+        let expected = home(&workers, &request);
+        // The first sighting, on replica 0: least_load's pick.
+        assert_eq!(joined[0].select(&workers, &request, &fleet()), Some(0));
+        assert_eq!(apart[0].select(&workers, &request, &fleet()), Some(0));
+        // The second request arrives at replica 1: with shared sightings
+        // it has affinity there, as it would on one router.
+        assert_eq!(
+            joined[1].select(&workers, &request, &fleet()),
+            Some(expected),
+            "prompt {tag}"
+        );
+        // Without them replica 1 sees the prompt for the first time.
+        assert_eq!(apart[1].select(&workers, &request, &fleet()), Some(0));
+        if expected != 0 {
+            away_from_least += 1;
+        }
+    }
+    assert!(
+        away_from_least >= 10,
+        "most homes are not worker 0: {away_from_least}"
+    );
+}
+
 #[test]
 fn a_hot_prefix_overflows_in_key_order_within_the_bound() {
     let workers = idle_workers(4);
