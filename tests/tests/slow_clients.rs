@@ -31,11 +31,11 @@ impl Drop for Shoal {
     }
 }
 
-fn start(engine: &str) -> (Shoal, String) {
+fn start(engine: &str, extra: &str) -> (Shoal, String) {
     let bin = locate_shoal(None).unwrap();
     let script = format!(
         "ulimit -n 256 && exec {} --host 127.0.0.1 --port 0 --worker-urls {engine} \
-         --worker-load-source none --client-header-timeout-secs 2 --client-body-timeout-secs 2",
+         --worker-load-source none --client-header-timeout-secs 2 --client-body-timeout-secs 2 {extra}",
         bin.display()
     );
     let mut child = Command::new("sh")
@@ -85,7 +85,7 @@ async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
 async fn slow_clients_are_closed_and_normal_requests_keep_succeeding() {
     run_for(Duration::from_secs(60), async {
         let engines = engines(1).await;
-        let (shoal, addr) = start(&engines[0].url());
+        let (shoal, addr) = start(&engines[0].url(), "");
         let pid = shoal.0.id();
         let base = format!("http://{addr}");
         let client = HttpClient::new();
@@ -162,10 +162,21 @@ async fn slow_clients_are_closed_and_normal_requests_keep_succeeding() {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0)
         };
-        let (header, body, limit) = (count("header_timeout"), count("body_timeout"), count("limit"));
-        println!("closed by reason: header_timeout {header}, body_timeout {body}, limit {limit}");
-        assert!(header > 0 && body > 0 && limit > 0, "every limit acted");
-        assert!(header + body + limit >= opened as u64, "every slow connection counted");
+        let (header, body) = (count("header_timeout"), count("body_timeout"));
+        let (evicted, limit) = (count("evicted"), count("limit"));
+        println!(
+            "closed by reason: header_timeout {header}, body_timeout {body}, evicted {evicted}, limit {limit}"
+        );
+        // Stalled heads go by the header timeout or, at the cap, as the
+        // idle connection closed to make room; stalled bodies by the body
+        // timeout (a request in flight is never closed to make room).
+        assert!(header + evicted > 0, "stalled heads were closed");
+        assert!(body > 0, "stalled bodies were closed");
+        assert!(evicted + limit > 0, "the cap acted");
+        assert!(
+            header + body + evicted + limit >= opened as u64,
+            "every slow connection counted"
+        );
 
         drop(attackers);
         wait_for("no descriptor leaks", Duration::from_secs(5), async || {
@@ -173,6 +184,121 @@ async fn slow_clients_are_closed_and_normal_requests_keep_succeeding() {
         })
         .await;
         short_request(&client, &base, "after", 1).await.unwrap();
+    })
+    .await;
+}
+
+/// The first bytes of an HTTP/2 connection with prior knowledge: the
+/// client preface and an empty SETTINGS frame (length 0, type 4, no flags,
+/// stream 0), after which the connection is an idle HTTP/2 connection.
+const H2_PREFACE_AND_SETTINGS: &[u8] =
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Sends `GET /liveness` on a fresh connection; true on a 200.
+async fn liveness(addr: &str) -> bool {
+    let probe = async {
+        let mut stream = TcpStream::connect(addr).await.ok()?;
+        stream
+            .write_all(b"GET /liveness HTTP/1.1\r\nhost: shoal\r\nconnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.ok()?;
+        Some(answer.starts_with(b"HTTP/1.1 200"))
+    };
+    tokio::time::timeout(Duration::from_secs(2), probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Connections that never send a request — nothing at all, part of the
+/// HTTP/2 preface, or a complete preface and then nothing — are closed
+/// after the header timeout, and while they fill the connection cap the
+/// kubelet's probes (a fresh connection each) still get answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_that_send_nothing_are_closed_and_probes_keep_answering() {
+    run_for(Duration::from_secs(60), async {
+        let engines = engines(1).await;
+        let (shoal, addr) = start(&engines[0].url(), "--max-client-connections 200");
+        let base = format!("http://{addr}");
+        let client = HttpClient::new();
+        short_request(&client, &base, "warm up", 1).await.unwrap();
+
+        let probes = tokio::spawn({
+            let addr = addr.clone();
+            async move {
+                let (mut answered, mut refused) = (0usize, 0usize);
+                let until = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < until {
+                    if liveness(&addr).await {
+                        answered += 1;
+                    } else {
+                        refused += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (answered, refused)
+            }
+        });
+
+        // 250 silent sockets, 50 with half a preface, 20 idle HTTP/2.
+        let mut attackers = Vec::new();
+        for i in 0..320usize {
+            let Ok(mut stream) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            let sent: &[u8] = match i % 16 {
+                0 => H2_PREFACE_AND_SETTINGS,
+                1..=3 => b"PRI * HTTP/2.0\r\n",
+                _ => b"",
+            };
+            if !sent.is_empty() {
+                let _ = stream.write_all(sent).await;
+            }
+            attackers.push((stream, Instant::now()));
+        }
+        let opened = attackers.len();
+        let mut closed = 0usize;
+        let mut latest = Duration::ZERO;
+        for (stream, opened_at) in &mut attackers {
+            let left =
+                (*opened_at + Duration::from_secs(6)).saturating_duration_since(Instant::now());
+            if closed_by_server(stream, left).await {
+                closed += 1;
+                latest = latest.max(opened_at.elapsed());
+            }
+        }
+        println!(
+            "{closed} of {opened} idle connections closed, the last {latest:?} after it opened"
+        );
+        let (answered, refused) = probes.await.unwrap();
+        println!("liveness probes during the attack: {answered} answered, {refused} refused");
+        assert_eq!(
+            closed, opened,
+            "every connection that sent no request was closed"
+        );
+        assert_eq!(refused, 0, "the probes were answered throughout");
+        assert!(answered >= 20, "{answered} probes");
+
+        let metrics = client.get(&format!("{base}/metrics")).await.unwrap().text();
+        let count = |reason: &str| -> u64 {
+            let prefix = format!("shoal_client_connections_closed_total{{reason=\"{reason}\"}} ");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let (header, evicted, limit) = (count("header_timeout"), count("evicted"), count("limit"));
+        println!("closed by reason: header_timeout {header}, evicted {evicted}, limit {limit}");
+        assert!(header > 0, "the header timeout closed silent sockets");
+        assert!(
+            header + evicted + limit >= opened as u64,
+            "every idle connection counted"
+        );
+        drop(shoal);
     })
     .await;
 }

@@ -18,7 +18,10 @@
 //! load runs on few threads and more join as it grows ([`placement`] says
 //! why); any listener a caller bound (tests bind port 0) works unchanged.
 
+mod activity;
+mod guard;
 mod placement;
+mod table;
 
 use std::convert::Infallible;
 use std::io;
@@ -32,7 +35,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use activity::{Activity, Counted};
 use placement::{BusyClock, BusySampler, LaneLoad};
+use table::ConnTable;
 
 /// What the I/O threads serve each connection with: a hyper service
 /// answering with axum's response type (the replica's `http::Front`).
@@ -99,10 +104,13 @@ struct Lane {
 /// slow and hostile clients (see `config::FrontConfig`).
 #[derive(Debug, Clone, Copy)]
 pub struct FrontLimits {
-    /// Time a connection has to send a request's headers (from opening or
-    /// from its previous response, so idle keep-alive too).
+    /// Time a connection may go with no request in flight: to deliver its
+    /// first request's headers (whatever protocol state it is in), and
+    /// between a response's end and the next request (HTTP/1 keep-alive,
+    /// HTTP/2 with no open stream).
     pub header_timeout: Duration,
-    /// Client connections open at once; more are closed on arrival.
+    /// Client connections open at once; at the cap an idle one is closed
+    /// to make room, or, when none is idle, the new one.
     pub max_connections: usize,
     /// Concurrent streams per HTTP/2 connection.
     pub h2_max_streams: u32,
@@ -145,6 +153,7 @@ impl IoThreads {
         let mut lanes = Vec::with_capacity(count);
         let mut finished = Vec::with_capacity(count);
         let origin = Instant::now();
+        let table = Arc::new(ConnTable::default());
         for index in 0..count.max(1) {
             let busy = Arc::new(BusyClock::new(origin));
             // I/O and timers only: the signal and process drivers (which
@@ -168,6 +177,7 @@ impl IoThreads {
                 make: make.clone(),
                 stop: stop_rx.clone(),
                 open: open.clone(),
+                table: table.clone(),
                 limits,
             };
             std::thread::Builder::new()
@@ -186,7 +196,12 @@ impl IoThreads {
             });
             finished.push(finished_rx);
         }
-        let acceptor = tokio::spawn(accept(listener, lanes, limits.max_connections, stop_rx));
+        let acceptor = tokio::spawn(accept(
+            listener,
+            lanes,
+            (limits.max_connections, table),
+            stop_rx,
+        ));
         Ok(Self {
             stop,
             acceptor,
@@ -209,14 +224,19 @@ impl IoThreads {
 /// How often an accept failure that repeats is logged.
 const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// Connections the front may hold beyond the cap while the idle ones it
+/// closed to make room are going (each takes a moment on its own thread).
+const EVICTION_SLACK: usize = 16;
+
 /// Accepts until stopped, giving each connection to the lane
-/// [`placement::place`] picks; past `max_connections` open ones, a new
-/// connection is closed at once (counted), so descriptors stay free for
-/// engines and the mesh.
+/// [`placement::place`] picks. With `max_connections` open, an idle one is
+/// closed to make room (`table`); when none is idle, the new connection is
+/// closed at once (counted), so descriptors stay free for engines and the
+/// mesh.
 async fn accept(
     listener: TcpListener,
     lanes: Vec<Lane>,
-    max_connections: usize,
+    (max_connections, table): (usize, Arc<ConnTable>),
     mut stop: watch::Receiver<bool>,
 ) {
     let mut warned: Option<std::time::Instant> = None;
@@ -242,7 +262,9 @@ async fn accept(
             }
         };
         let open: usize = lanes.iter().map(|l| l.open.load(Ordering::Relaxed)).sum();
-        if open >= max_connections {
+        if open >= max_connections
+            && (open >= max_connections.saturating_add(EVICTION_SLACK) || !table.evict_one())
+        {
             crate::telemetry::client_connection_closed("limit");
             drop(stream);
             continue;
@@ -282,6 +304,7 @@ struct IoThread<F> {
     limits: FrontLimits,
     stop: watch::Receiver<bool>,
     open: Arc<AtomicUsize>,
+    table: Arc<ConnTable>,
 }
 
 impl<F> IoThread<F> {
@@ -301,12 +324,14 @@ impl<F> IoThread<F> {
             match TcpStream::from_std(stream) {
                 Ok(stream) => {
                     let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+                    let activity = Activity::new();
+                    let listed = self.table.register(activity.clone());
                     let connection = serve_connection(
                         stream,
-                        (self.make)(peer.unwrap_or(unknown)),
+                        Counted::new((self.make)(peer.unwrap_or(unknown)), activity),
                         self.limits,
                         self.stop.clone(),
-                        (open_guard.clone(), counted),
+                        (open_guard.clone(), counted, listed),
                     );
                     tokio::spawn(connection);
                 }
@@ -364,68 +389,65 @@ fn is_per_connection(err: &io::Error) -> bool {
 }
 
 /// Serves one client connection (HTTP/1.1, or HTTP/2 with prior
-/// knowledge) until it closes, shutting it down gracefully once the stop
-/// flag is set: in-flight requests finish, idle keep-alive closes.
-/// `_open` is held for the connection's lifetime (see [`IoThread::run`]).
-async fn serve_connection(
+/// knowledge) until it closes, or until its guard closes it: gracefully
+/// once the stop flag is set (in-flight requests finish, idle keep-alive
+/// closes) or when it sat idle too long or was picked to make room
+/// (`guard`). `_open` is held for the connection's lifetime (see
+/// [`IoThread::run`]).
+async fn serve_connection<S: ConnectionService>(
     stream: TcpStream,
-    app: impl ConnectionService,
+    app: Counted<S>,
     limits: FrontLimits,
-    mut stop: watch::Receiver<bool>,
-    _open: (watch::Receiver<()>, OpenConnection),
+    stop: watch::Receiver<bool>,
+    _open: (watch::Receiver<()>, OpenConnection, table::Registration),
 ) {
     // Responses are written whole; never hold a small last segment back.
     let _ = stream.set_nodelay(true);
+    let activity = app.activity().clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The guard times out a connection with no request in flight, in every
+    // protocol state; hyper's own HTTP/1 header timer would only start at
+    // the first byte and count the same connection twice.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(None);
     // HTTP/2: bounded streams; hyper's h2 also bounds pending and locally
-    // reset streams (rapid-reset protection).
+    // reset streams (rapid-reset protection). Pings find a peer that is
+    // gone while its streams are open.
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.h2_max_streams);
+        .max_concurrent_streams(limits.h2_max_streams)
+        .keep_alive_interval(Some(limits.header_timeout))
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     let connection = builder.serve_connection(TokioIo::new(stream), app);
     tokio::pin!(connection);
-    // The stop flag is watched by a task of its own that fires a oneshot:
-    // the connection is polled on every request's every wake-up, and a
-    // oneshot is one atomic check there, where the watch's wait takes its
-    // waiter list's lock each time.
-    let (mut stop_tx, mut stop_rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let stop_now = tokio::select! {
-            _ = stopped(&mut stop) => true,
-            _ = stop_tx.closed() => false,
-        };
-        if stop_now {
-            let _ = stop_tx.send(());
-        }
-    });
-    let mut stopping = false;
+    let guard::Signals {
+        mut graceful,
+        mut abort,
+    } = guard::spawn(activity, limits.header_timeout, stop);
+    let mut closing = false;
     loop {
         tokio::select! {
             biased;
             result = connection.as_mut() => {
                 if let Err(err) = result {
-                    let timed_out = err
-                        .downcast_ref::<hyper::Error>()
-                        .is_some_and(hyper::Error::is_timeout);
-                    if timed_out {
-                        crate::telemetry::client_connection_closed("header_timeout");
-                    }
                     tracing::trace!(error = %err, "connection ended with an error");
                 }
                 return;
             }
-            _ = &mut stop_rx, if !stopping => {
-                stopping = true;
+            _ = &mut graceful, if !closing => {
+                closing = true;
                 connection.as_mut().graceful_shutdown();
             }
+            _ = &mut abort => return,
         }
     }
 }
+
+/// How long an HTTP/2 client has to answer a keep-alive ping.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[cfg(test)]
 mod tests {
@@ -457,10 +479,13 @@ mod tests {
     }
 
     async fn start(threads: usize) -> (IoThreads, String) {
+        start_with(threads, FrontLimits::default()).await
+    }
+
+    async fn start_with(threads: usize, limits: FrontLimits) -> (IoThreads, String) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let service = hyper_util::service::TowerToHyperService::new(app());
-        let limits = FrontLimits::default();
         let io = IoThreads::start(listener, threads, limits, move |_peer| service.clone()).unwrap();
         (io, url)
     }
@@ -533,5 +558,50 @@ mod tests {
             fresh.get(&url).send().await.is_err(),
             "the listener is closed after shutdown"
         );
+    }
+
+    /// Reads from `stream` until the server closes it; how long that took.
+    async fn time_to_close(stream: &mut TcpStream) -> Duration {
+        use tokio::io::AsyncReadExt;
+        let started = Instant::now();
+        let mut buf = [0u8; 1024];
+        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_for_the_header_timeout_closes_and_a_busy_one_does_not() {
+        use tokio::io::AsyncWriteExt;
+        let limits = FrontLimits {
+            header_timeout: Duration::from_millis(300),
+            ..FrontLimits::default()
+        };
+        let (io, url) = start_with(1, limits).await;
+        let addr = url.trim_start_matches("http://").to_string();
+        // A request answered after 3 header timeouts is not cut: the rule
+        // is about connections with nothing in flight.
+        let slow = client()
+            .get(format!("{url}/?delay_ms=900"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(slow.status(), 200);
+        // A connection that sends nothing, and a keep-alive one after its
+        // answer, are closed once the timeout passes.
+        let mut silent = TcpStream::connect(&addr).await.unwrap();
+        let mut kept = TcpStream::connect(&addr).await.unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (silent_after, kept_after) =
+            tokio::join!(time_to_close(&mut silent), time_to_close(&mut kept));
+        for after in [silent_after, kept_after] {
+            assert!(
+                after >= Duration::from_millis(250),
+                "closed after {after:?}"
+            );
+            assert!(after < Duration::from_secs(5), "closed after {after:?}");
+        }
+        io.shutdown().await;
     }
 }
