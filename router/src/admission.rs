@@ -18,6 +18,8 @@
 //! `Retry-After` at once instead of queueing at a full engine. It is a soft
 //! cap: replicas that decide at the same instant can each admit one more.
 
+pub mod buffer;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -134,6 +134,11 @@ impl Server {
             mesh,
             draining: AtomicBool::new(false),
             admission: crate::admission::Admission::from_config(&config.admission),
+            buffer_budget: crate::admission::buffer::BufferBudget::new(
+                config
+                    .proxy
+                    .buffer_budget(crate::admission::buffer::memory_limit()),
+            ),
             config: Arc::new(config),
         };
         Ok(Self {
@@ -205,6 +210,7 @@ impl Server {
             mesh = mesh.is_some(),
             io_threads = threads,
             max_client_connections = limits.max_connections,
+            max_buffered_request_bytes = state.buffer_budget.limit(),
             "shoal listening on http://{addr}"
         );
 

@@ -9,57 +9,24 @@
 
 mod fleet_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleet_support::{engines, run_for, wait_for};
+use fleet_support::{SoloShoal, counter, engines, run_for, wait_for};
 use shoal_tests::client::HttpClient;
-use shoal_tests::fleet::locate_shoal;
 use shoal_tests::workload::short_request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const SLOW_CONNECTIONS: usize = 500;
 
-struct Shoal(Child);
-
-impl Drop for Shoal {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(engine: &str, extra: &str) -> (Shoal, String) {
-    let bin = locate_shoal(None).unwrap();
-    let script = format!(
-        "ulimit -n 256 && exec {} --host 127.0.0.1 --port 0 --worker-urls {engine} \
-         --worker-load-source none --client-header-timeout-secs 2 --client-body-timeout-secs 2 {extra}",
-        bin.display()
-    );
-    let mut child = Command::new("sh")
-        .args(["-c", &script])
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("shoal starts");
-    (Shoal(child), addr)
+fn start(engine: &str, extra: &str) -> SoloShoal {
+    SoloShoal::start(
+        "ulimit -n 256",
+        &format!(
+            "--worker-urls {engine} --worker-load-source none \
+             --client-header-timeout-secs 2 --client-body-timeout-secs 2 {extra}"
+        ),
+    )
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -85,9 +52,8 @@ async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
 async fn slow_clients_are_closed_and_normal_requests_keep_succeeding() {
     run_for(Duration::from_secs(60), async {
         let engines = engines(1).await;
-        let (shoal, addr) = start(&engines[0].url(), "");
-        let pid = shoal.0.id();
-        let base = format!("http://{addr}");
+        let shoal = start(&engines[0].url(), "");
+        let (pid, addr, base) = (shoal.pid(), shoal.addr.clone(), shoal.base());
         let client = HttpClient::new();
         short_request(&client, &base, "warm up", 1).await.unwrap();
         let baseline = open_fds(pid);
@@ -154,14 +120,7 @@ async fn slow_clients_are_closed_and_normal_requests_keep_succeeding() {
         assert!(latencies.len() > 100, "{} normal requests", latencies.len());
 
         let metrics = client.get(&format!("{base}/metrics")).await.unwrap().text();
-        let count = |reason: &str| -> u64 {
-            let prefix = format!("shoal_client_connections_closed_total{{reason=\"{reason}\"}} ");
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
+        let count = |reason| counter(&metrics, "shoal_client_connections_closed_total", reason);
         let (header, body) = (count("header_timeout"), count("body_timeout"));
         let (evicted, limit) = (count("evicted"), count("limit"));
         println!(
@@ -221,8 +180,8 @@ async fn liveness(addr: &str) -> bool {
 async fn sockets_that_send_nothing_are_closed_and_probes_keep_answering() {
     run_for(Duration::from_secs(60), async {
         let engines = engines(1).await;
-        let (shoal, addr) = start(&engines[0].url(), "--max-client-connections 200");
-        let base = format!("http://{addr}");
+        let shoal = start(&engines[0].url(), "--max-client-connections 200");
+        let (addr, base) = (shoal.addr.clone(), shoal.base());
         let client = HttpClient::new();
         short_request(&client, &base, "warm up", 1).await.unwrap();
 
@@ -283,14 +242,7 @@ async fn sockets_that_send_nothing_are_closed_and_probes_keep_answering() {
         assert!(answered >= 20, "{answered} probes");
 
         let metrics = client.get(&format!("{base}/metrics")).await.unwrap().text();
-        let count = |reason: &str| -> u64 {
-            let prefix = format!("shoal_client_connections_closed_total{{reason=\"{reason}\"}} ");
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
+        let count = |reason| counter(&metrics, "shoal_client_connections_closed_total", reason);
         let (header, evicted, limit) = (count("header_timeout"), count("evicted"), count("limit"));
         println!("closed by reason: header_timeout {header}, evicted {evicted}, limit {limit}");
         assert!(header > 0, "the header timeout closed silent sockets");

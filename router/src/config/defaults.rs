@@ -63,6 +63,13 @@ pub const LOAD_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Largest request body accepted (64 MiB leaves room for inline images).
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
+/// Request-body bytes held at once over all requests; 0 = derived from the
+/// memory limit (see [`BUFFERED_REQUEST_MEMORY_SHARE`]).
+pub const MAX_BUFFERED_REQUEST_BYTES: usize = 0;
+/// With `--max-buffered-request-bytes 0`, bodies may hold 1/this of the
+/// memory limit (a quarter: with the prompt text a policy copies and the
+/// engine's answer, a full budget stays well under half the limit).
+pub const BUFFERED_REQUEST_MEMORY_SHARE: u64 = 4;
 /// Deadline for a whole proxied request, streaming included.
 pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
 /// Deadline for opening a TCP connection to a worker.
@@ -135,6 +142,8 @@ pub const MESH_SYNC_INTERVAL_MS: u64 = 20;
 pub const MESH_PUSH_MIN_GAP_MS: u64 = shoal_mesh::DEFAULT_PUSH_MIN_GAP_MS;
 /// Most pushes on change per second over all peer links (the mesh crate's default).
 pub const MESH_MAX_PUSH_RATE: u32 = shoal_mesh::DEFAULT_MAX_PUSH_RATE;
+/// Seconds a request body may take in all, from the end of its headers.
+pub const CLIENT_BODY_DEADLINE_SECS: u64 = 120;
 /// Seconds between SIGTERM and closing the listener.
 pub const DRAIN_SETTLE_SECS: u64 = 5;
 

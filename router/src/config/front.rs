@@ -15,9 +15,11 @@ pub const FRONT_FLAGS: &str = "Client connections";
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 #[command(next_help_heading = FRONT_FLAGS)]
 pub struct FrontConfig {
-    /// Seconds a connection has to deliver a request's complete headers,
-    /// from when it opened or its previous response ended (so an idle
-    /// keep-alive connection is closed after it too).
+    /// Seconds a connection may go with no request in flight: to deliver
+    /// its first request's complete headers from when it opened (whatever
+    /// it sent: nothing, part of a head or of the HTTP/2 preface), and from
+    /// its previous response's end (idle HTTP/1 keep-alive, HTTP/2 with no
+    /// open stream).
     #[arg(long, env = "SHOAL_CLIENT_HEADER_TIMEOUT_SECS", default_value_t = defaults::CLIENT_HEADER_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
     pub client_header_timeout_secs: u64,
 
@@ -25,9 +27,16 @@ pub struct FrontConfig {
     #[arg(long, env = "SHOAL_CLIENT_BODY_TIMEOUT_SECS", default_value_t = defaults::CLIENT_BODY_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
     pub client_body_timeout_secs: u64,
 
-    /// Client connections open at once; more are closed as they arrive
-    /// (0 = the open-file limit minus a reserve for engines, the mesh and
-    /// logs: a quarter of it, at least 256).
+    /// Seconds a request body may take in all, from the end of its headers
+    /// (however steadily it trickles in); then 408.
+    #[arg(long, env = "SHOAL_CLIENT_BODY_DEADLINE_SECS", default_value_t = defaults::CLIENT_BODY_DEADLINE_SECS, value_parser = parsers::positive_u64)]
+    pub client_body_deadline_secs: u64,
+
+    /// Client connections open at once; at the cap the longest-idle one
+    /// (one that never sent a request first) is closed to make room, and a
+    /// newcomer is closed only when none is idle (0 = the open-file limit
+    /// minus a reserve for engines, the mesh and logs: a quarter of it, at
+    /// least 256).
     #[arg(long, env = "SHOAL_MAX_CLIENT_CONNECTIONS", default_value_t = defaults::MAX_CLIENT_CONNECTIONS)]
     pub max_client_connections: usize,
 
@@ -45,6 +54,11 @@ impl FrontConfig {
     /// Time allowed between two pieces of a request body.
     pub fn body_timeout(&self) -> Duration {
         Duration::from_secs(self.client_body_timeout_secs)
+    }
+
+    /// Time allowed for a whole request body.
+    pub fn body_deadline(&self) -> Duration {
+        Duration::from_secs(self.client_body_deadline_secs)
     }
 
     /// The connection cap in effect for an open-file limit of `nofile`.
@@ -66,6 +80,7 @@ mod tests {
         let config = FrontConfig {
             client_header_timeout_secs: 1,
             client_body_timeout_secs: 1,
+            client_body_deadline_secs: 1,
             max_client_connections: 0,
             http2_max_concurrent_streams: 1,
         };

@@ -19,6 +19,13 @@ pub struct ProxyConfig {
     #[arg(long, env = "SHOAL_MAX_PAYLOAD_BYTES", default_value_t = defaults::MAX_PAYLOAD_BYTES, value_parser = parsers::positive_usize)]
     pub max_payload_bytes: usize,
 
+    /// Request-body bytes this replica holds at once, over all requests
+    /// being read or forwarded; a body that does not fit gets 503 with
+    /// Retry-After. 0 = a quarter of the memory limit (the cgroup's, else
+    /// the machine's), and never less than --max-payload-bytes.
+    #[arg(long, env = "SHOAL_MAX_BUFFERED_REQUEST_BYTES", default_value_t = defaults::MAX_BUFFERED_REQUEST_BYTES)]
+    pub max_buffered_request_bytes: usize,
+
     /// Deadline for a whole proxied request, streaming included.
     #[arg(long, env = "SHOAL_REQUEST_TIMEOUT_SECS", default_value_t = defaults::REQUEST_TIMEOUT_SECS, value_parser = parsers::positive_u64)]
     pub request_timeout_secs: u64,
@@ -51,6 +58,7 @@ impl Default for ProxyConfig {
     fn default() -> Self {
         Self {
             max_payload_bytes: defaults::MAX_PAYLOAD_BYTES,
+            max_buffered_request_bytes: defaults::MAX_BUFFERED_REQUEST_BYTES,
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
             attempt_timeout_secs: defaults::ATTEMPT_TIMEOUT_SECS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
@@ -61,6 +69,18 @@ impl Default for ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// The buffered request bytes budget in effect on a host whose memory
+    /// limit is `memory` bytes (`None`: unknown).
+    pub fn buffer_budget(&self, memory: Option<u64>) -> usize {
+        if self.max_buffered_request_bytes > 0 {
+            return self.max_buffered_request_bytes;
+        }
+        let share = memory.map_or(u64::MAX, |m| m / defaults::BUFFERED_REQUEST_MEMORY_SHARE);
+        usize::try_from(share)
+            .unwrap_or(usize::MAX)
+            .max(self.max_payload_bytes)
+    }
+
     /// Deadline for a whole request.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)

@@ -1,78 +1,24 @@
-//! `POST` inference routes: admit, read the body once (bounded), inspect
-//! it, and hand it to the proxy.
+//! `POST` inference routes: read the body once (bounded: `body`), inspect
+//! it, admit it, and hand it to the proxy.
 //!
 //! Each request's accounting is one [`RequestRecord`], started on arrival
 //! and ended by whichever exit answers: a refusal or bad body here, or the
 //! proxy (its error, or the end of the streamed answer).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::header;
-use http_body_util::{BodyExt, Limited};
 
+use super::body;
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody};
 use crate::auth::Forward;
-use crate::error::ApiError;
 use crate::proxy::{Outgoing, WorkerPool};
-use crate::request::{self, Route};
+use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
 use crate::{link, otel};
-
-/// Reads the whole body, at most `limit` bytes, giving up with 408 when
-/// `idle` passes without a byte arriving (a client that declares a body
-/// and then stalls must not hold the request and its connection).
-async fn read_body(
-    body: Body,
-    limit: usize,
-    declared: Option<u64>,
-    idle: Duration,
-) -> Result<Bytes, ApiError> {
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(ApiError::payload_too_large(limit));
-    }
-    let mut body = Limited::new(body, limit);
-    let mut chunks: Vec<Bytes> = Vec::new();
-    loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Err(_elapsed) => {
-                telemetry::client_connection_closed("body_timeout");
-                return Err(ApiError::request_timeout(format!(
-                    "the request body stalled for --client-body-timeout-secs ({}s)",
-                    idle.as_secs()
-                )));
-            }
-            Ok(None) => break,
-            Ok(Some(frame)) => frame,
-        };
-        match frame {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    chunks.push(data);
-                }
-            }
-            Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-                return Err(ApiError::payload_too_large(limit));
-            }
-            Err(err) => {
-                return Err(ApiError::bad_request(
-                    "body_read_failed",
-                    format!("could not read the request body: {err}"),
-                ));
-            }
-        }
-    }
-    Ok(match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => chunks.concat().into(),
-    })
-}
 
 /// Counts a request refused by overload admission and returns its answer.
 fn refused(record: RequestRecord, reason: &'static str, response: Response) -> Response {
@@ -80,10 +26,44 @@ fn refused(record: RequestRecord, reason: &'static str, response: Response) -> R
     record.respond(response)
 }
 
-/// Handles one inference request on `route`.
+/// Handles one inference request on `route`: read its body (bounded in
+/// size, time and the replica's buffer budget), inspect it, admit it, and
+/// forward it. Admission comes after the body, so a client trickling its
+/// body holds a connection and budget bytes, never a proxying slot.
 pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Request) -> Response {
     let span = otel::request_span(route.label(), app.policy.name(), request.headers());
     let record = RequestRecord::start(app.route_metrics[route.index()].clone()).with_span(span);
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let limits = body::BodyLimits {
+        max_bytes: app.config.proxy.max_payload_bytes,
+        idle: app.config.front.body_timeout(),
+        deadline: app.config.front.body_deadline(),
+    };
+    let read = match body::read(body, declared, limits, &app.buffer_budget).await {
+        Ok(read) => read,
+        Err(body::Refusal::Budget(error)) => {
+            return refused(
+                record,
+                "request_buffer_full",
+                admission::reject_response(error),
+            );
+        }
+        Err(body::Refusal::Body(error)) => return record.respond(error.into_response()),
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let text_limit = app.policy.prompt_text_limit();
+    let info = match body::inspect(route, &read.bytes, content_type, text_limit).await {
+        Ok(info) => info,
+        Err(error) => return record.respond(error.into_response()),
+    };
     let permit = match app.admission.admit().await {
         Ok(permit) => permit,
         Err(rejection) => {
@@ -99,29 +79,6 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         let response = admission::reject_response(error);
         return refused(record, "fleet_saturated", response);
     }
-    let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let result = async {
-        let idle = app.config.front.body_timeout();
-        let bytes = read_body(body, app.config.proxy.max_payload_bytes, declared, idle).await?;
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        let want_text = app.policy.needs_request_text();
-        let info = request::inspect_route(route, &bytes, content_type, want_text)
-            .map_err(|err| ApiError::invalid_json(err.to_string()))?;
-        Ok::<_, ApiError>((bytes, info))
-    }
-    .await;
-    let (bytes, info) = match result {
-        Ok(ok) => ok,
-        Err(error) => return record.respond(error.into_response()),
-    };
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -142,6 +99,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Forward::Drop => link::Authorization::Drop,
         Forward::Worker(key) => link::Authorization::Set(key),
     };
+    let body::ReadBody { bytes, reservation } = read;
     let outgoing = Outgoing {
         method: &parts.method,
         headers: &parts.headers,
@@ -152,6 +110,8 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         info: &info,
     };
     let response = app.forwarder.forward(workers, outgoing, record).await;
+    // The body is no longer held (retries are over): its budget goes back.
+    drop(reservation);
     match permit {
         Some(permit) => AdmittedBody::wrap(response, permit),
         None => response,

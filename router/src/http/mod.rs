@@ -2,6 +2,7 @@
 //! and the worker admin API.
 
 mod admin;
+mod body;
 mod front;
 mod inference;
 mod info;

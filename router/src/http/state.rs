@@ -8,6 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use shoal_mesh::Mesh;
 
 use crate::admission::Admission;
+use crate::admission::buffer::BufferBudget;
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::fleet::FleetView;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub mesh: Option<Arc<Mesh>>,
     /// Overload admission (`--max-concurrent-requests`).
     pub admission: Admission,
+    /// Request-body bytes held at once (`--max-buffered-request-bytes`).
+    pub buffer_budget: Arc<BufferBudget>,
     /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
     pub draining: AtomicBool,
 }

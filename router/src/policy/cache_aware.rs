@@ -32,10 +32,17 @@
 //! Choices: "lowest load" is fleet in-flight requests (the same signal as the guard, so it means the same on 1 or N
 //! replicas and water-fills, as bookings show at once); a request without
 //! text (token ids only) has match rate 0 and inserts nothing. Eviction and
-//! forgetting removed workers run in [`Policy::background_task`].
+//! forgetting removed workers run in [`Policy::background_task`]. Only the
+//! first [`MAX_PROMPT_BYTES`] of a prompt are matched and inserted: a
+//! longer prompt (a 64 MiB body) would otherwise be copied into the tree
+//! under its lock.
 
 #[cfg(test)]
 mod tests;
+
+/// Leading bytes of a prompt the prefix tree matches and remembers (1 MiB,
+/// about 250k tokens: past any context window served today).
+pub const MAX_PROMPT_BYTES: usize = 1 << 20;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -233,8 +240,8 @@ impl Policy for CacheAwarePolicy {
         Some(chosen)
     }
 
-    fn needs_request_text(&self) -> bool {
-        true
+    fn prompt_text_limit(&self) -> Option<usize> {
+        Some(MAX_PROMPT_BYTES)
     }
 
     fn reconfigure(&self, routing: &RoutingConfig) {

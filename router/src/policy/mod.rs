@@ -94,9 +94,12 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
         fleet: &dyn FleetView,
     ) -> Option<usize>;
 
-    /// Whether [`RequestInfo::text`] must be filled (prefix-matching policies).
-    fn needs_request_text(&self) -> bool {
-        false
+    /// How many leading bytes of prompt text [`RequestInfo::text`] must
+    /// hold for this policy (prefix-matching policies), or `None` when it
+    /// reads no text. Bounded, so that a huge prompt is never copied whole
+    /// for routing: the router keeps at most this much of it.
+    fn prompt_text_limit(&self) -> Option<usize> {
+        None
     }
 
     /// The table of recently seen prompt keys the policy decides with, if

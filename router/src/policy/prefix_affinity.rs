@@ -194,8 +194,14 @@ impl Policy for PrefixAffinityPolicy {
         best.map(|(_, i)| i).or_else(least)
     }
 
-    fn needs_request_text(&self) -> bool {
-        true
+    fn prompt_text_limit(&self) -> Option<usize> {
+        // The key reads only its blocks.
+        Some(
+            self.config
+                .get()
+                .prefix_affinity_blocks
+                .saturating_mul(BLOCK_BYTES),
+        )
     }
 
     fn sightings(&self) -> Option<Arc<Sightings>> {

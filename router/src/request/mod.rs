@@ -15,11 +15,7 @@
 
 mod multipart;
 mod route;
-
-use std::borrow::Cow;
-
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+mod scan;
 
 use crate::config::defaults::CHARS_PER_TOKEN;
 
@@ -57,147 +53,35 @@ impl RequestInfo {
 #[error("request body is not valid JSON: {0}")]
 pub struct BodyError(String);
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Text<'a> {
-    Str(#[serde(borrow)] Cow<'a, str>),
-    /// A token id (only counted, never read).
-    Number(#[allow(dead_code)] f64),
-    List(#[serde(borrow)] Vec<Text<'a>>),
-    Part(#[serde(borrow)] Part<'a>),
-}
-
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default)]
-    content: Option<Text<'a>>,
-}
-
-#[derive(Deserialize)]
-struct SamplingParams {
-    #[serde(default)]
-    max_new_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
-    #[serde(borrow, default)]
-    prompt: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    input: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    text: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    input_ids: Option<Text<'a>>,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    max_completion_tokens: Option<u64>,
-    #[serde(default)]
-    sampling_params: Option<SamplingParams>,
-    #[serde(default)]
-    stream: Option<bool>,
-}
-
-#[derive(Default)]
-struct Tally {
-    chars: u64,
-    ids: u64,
-    text: Option<String>,
-}
-
-impl Tally {
-    fn add(&mut self, text: &Text<'_>) {
-        match text {
-            Text::Str(s) => self.add_str(s),
-            Text::Number(_) => self.ids += 1,
-            Text::List(items) => items.iter().for_each(|item| self.add(item)),
-            Text::Part(part) => {
-                if let Some(s) = &part.text {
-                    self.add_str(s);
-                }
-            }
-        }
-    }
-
-    fn add_str(&mut self, s: &str) {
-        self.chars += s.chars().count() as u64;
-        if let Some(buffer) = &mut self.text {
-            if !buffer.is_empty() {
-                buffer.push('\n');
-            }
-            buffer.push_str(s);
-        }
-    }
-}
-
 /// Prompt tokens for `chars` characters of text (the documented rule).
 pub fn tokens_for_chars(chars: u64) -> u64 {
     chars.div_ceil(CHARS_PER_TOKEN)
 }
 
-/// The top-level `model` string of a JSON object whose other fields did
-/// not have the expected shape.
-fn model_of_any_shape(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct ModelOnly {
-        model: Option<String>,
-    }
-    serde_json::from_slice::<ModelOnly>(body)
-        .ok()
-        .and_then(|m| m.model)
-}
-
-/// Parses a request body; `want_text` keeps the prompt text for policies
-/// that match on it.
-pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
-    let Ok(parsed) = serde_json::from_slice::<Body<'_>>(body) else {
-        // Not our expected shape: still proxy it if it is JSON at all.
-        serde_json::from_slice::<IgnoredAny>(body).map_err(|e| BodyError(e.to_string()))?;
+/// Parses a request body; `text_limit` keeps the first that many bytes of
+/// prompt text for policies that match on it (`None`: no text).
+pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, BodyError> {
+    let scanned = scan::scan(body, text_limit).map_err(|e| BodyError(e.to_string()))?;
+    if scanned.odd {
+        // Not our expected shape: still proxied, priced by its length.
         return Ok(RequestInfo {
             prompt_tokens: tokens_for_chars(body.len() as u64),
-            text: want_text.then(|| String::from_utf8_lossy(body).into_owned()),
-            model: model_of_any_shape(body),
+            text: text_limit.map(|limit| {
+                let head = body.get(..limit.saturating_add(3)).unwrap_or(body);
+                let text = String::from_utf8_lossy(head);
+                scan::head_of(&text, limit).to_string()
+            }),
+            model: scanned.model,
             ..RequestInfo::default()
         });
-    };
-    let mut tally = Tally {
-        text: want_text.then(String::new),
-        ..Tally::default()
-    };
-    for message in parsed.messages.iter().flatten() {
-        if let Some(content) = &message.content {
-            tally.add(content);
-        }
     }
-    [
-        &parsed.prompt,
-        &parsed.input,
-        &parsed.text,
-        &parsed.input_ids,
-    ]
-    .into_iter()
-    .flatten()
-    .for_each(|text| tally.add(text));
+    let [max_tokens, max_completion_tokens, max_new_tokens] = scanned.max_tokens;
     Ok(RequestInfo {
-        prompt_tokens: tokens_for_chars(tally.chars).saturating_add(tally.ids),
-        max_output_tokens: parsed
-            .max_tokens
-            .or(parsed.max_completion_tokens)
-            .or(parsed.sampling_params.and_then(|p| p.max_new_tokens)),
-        stream: parsed.stream.unwrap_or(false),
-        text: tally.text,
-        model: parsed.model.map(Cow::into_owned),
+        prompt_tokens: tokens_for_chars(scanned.chars).saturating_add(scanned.ids),
+        max_output_tokens: max_tokens.or(max_completion_tokens).or(max_new_tokens),
+        stream: scanned.stream.unwrap_or(false),
+        text: scanned.text,
+        model: scanned.model,
         free: false,
     })
 }
@@ -208,15 +92,15 @@ pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
 /// unknown prompt; any other body (an unknown `/v1/` route) is read as
 /// JSON when it is and otherwise passed on with nothing learned. A route
 /// that runs no model, or a bodiless request, is marked
-/// [`RequestInfo::free`].
+/// [`RequestInfo::free`]. `text_limit` is [`inspect`]'s.
 pub fn inspect_route(
     route: Route,
     body: &[u8],
     content_type: Option<&str>,
-    want_text: bool,
+    text_limit: Option<usize>,
 ) -> Result<RequestInfo, BodyError> {
     let mut info = match route.body() {
-        BodyKind::Json => inspect(body, want_text)?,
+        BodyKind::Json => inspect(body, text_limit)?,
         BodyKind::Multipart => RequestInfo {
             model: content_type
                 .and_then(multipart::boundary)
@@ -229,7 +113,7 @@ pub fn inspect_route(
             free: true,
             ..RequestInfo::default()
         },
-        BodyKind::Opaque => inspect(body, want_text).unwrap_or_default(),
+        BodyKind::Opaque => inspect(body, text_limit).unwrap_or_default(),
     };
     info.free |= route.work() == Work::RequestOnly;
     Ok(info)
@@ -239,13 +123,16 @@ pub fn inspect_route(
 mod tests {
     use super::*;
 
+    /// Keep all the prompt text.
+    const ALL: Option<usize> = Some(usize::MAX);
+
     #[test]
     fn chat_messages_count_all_text_parts() {
         let body = br#"{"model":"m","stream":true,"max_tokens":50,
             "messages":[{"role":"system","content":"abcd"},
                         {"role":"user","content":[{"type":"text","text":"efghi"},
                                                    {"type":"image_url","image_url":{"url":"data:x"}}]}]}"#;
-        let info = inspect(body, true).unwrap();
+        let info = inspect(body, ALL).unwrap();
         assert_eq!(info.prompt_tokens, 3, "9 chars -> ceil(9/4)");
         assert_eq!(info.max_output_tokens, Some(50));
         assert!(info.stream);
@@ -257,49 +144,49 @@ mod tests {
     fn completions_generate_and_embeddings_shapes() {
         let info = inspect(
             br#"{"prompt":["aaaa","bbbb"],"max_completion_tokens":7}"#,
-            false,
+            None,
         )
         .unwrap();
         assert_eq!((info.prompt_tokens, info.max_output_tokens), (2, Some(7)));
         assert!(info.text.is_none());
         let info = inspect(
             br#"{"text":"12345678","sampling_params":{"max_new_tokens":9}}"#,
-            false,
+            None,
         )
         .unwrap();
         assert_eq!((info.prompt_tokens, info.max_output_tokens), (2, Some(9)));
-        let info = inspect(br#"{"input_ids":[1,2,3,4,5]}"#, false).unwrap();
+        let info = inspect(br#"{"input_ids":[1,2,3,4,5]}"#, None).unwrap();
         assert_eq!(info.prompt_tokens, 5);
-        let info = inspect(br#"{"input":"a\u00e9\"b"}"#, false).unwrap();
+        let info = inspect(br#"{"input":"a\u00e9\"b"}"#, None).unwrap();
         assert_eq!(info.prompt_tokens, 1, "escapes decode to 4 chars");
     }
 
     #[test]
     fn unexpected_shapes_are_estimated_not_rejected() {
-        let info = inspect(br#"{"messages":5,"max_tokens":"x"}"#, false).unwrap();
+        let info = inspect(br#"{"messages":5,"max_tokens":"x"}"#, None).unwrap();
         assert_eq!(info.prompt_tokens, tokens_for_chars(32));
-        let info = inspect(b"[1,2,3]", false).unwrap();
+        let info = inspect(b"[1,2,3]", None).unwrap();
         assert_eq!(info.max_output_tokens, None);
     }
 
     #[test]
     fn the_model_is_read_from_json_of_any_shape_and_from_multipart_uploads() {
-        let info = inspect(br#"{"model":"llama","messages":[]}"#, false).unwrap();
+        let info = inspect(br#"{"model":"llama","messages":[]}"#, None).unwrap();
         assert_eq!(info.model.as_deref(), Some("llama"));
-        let odd = inspect(br#"{"model":"m\u00e9","messages":5}"#, false).unwrap();
+        let odd = inspect(br#"{"model":"m\u00e9","messages":5}"#, None).unwrap();
         assert_eq!(
             odd.model.as_deref(),
             Some("m\u{e9}"),
             "unexpected shape, model still read"
         );
-        assert_eq!(inspect(br#"{"model":7}"#, false).unwrap().model, None);
+        assert_eq!(inspect(br#"{"model":7}"#, None).unwrap().model, None);
         let upload =
             b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--b--\r\n";
         let info = inspect_route(
             Route::AudioTranscriptions,
             upload,
             Some("multipart/form-data; boundary=b"),
-            true,
+            ALL,
         )
         .unwrap();
         assert_eq!(info.model.as_deref(), Some("whisper"));
@@ -311,24 +198,19 @@ mod tests {
 
     #[test]
     fn routes_read_their_bodies_their_own_way() {
-        assert!(inspect_route(Route::ChatCompletions, b"not json", None, false).is_err());
-        let other = inspect_route(Route::Other, b"not json", None, false).unwrap();
+        assert!(inspect_route(Route::ChatCompletions, b"not json", None, None).is_err());
+        let other = inspect_route(Route::Other, b"not json", None, None).unwrap();
         assert_eq!(
             other,
             RequestInfo::default(),
             "opaque bodies pass untouched"
         );
-        let other = inspect_route(
-            Route::Other,
-            br#"{"model":"x","input":"abcd"}"#,
-            None,
-            false,
-        );
+        let other = inspect_route(Route::Other, br#"{"model":"x","input":"abcd"}"#, None, None);
         assert_eq!(other.unwrap().model.as_deref(), Some("x"));
-        let tokenize = inspect_route(Route::Tokenize, br#"{"prompt":"abcdefgh"}"#, None, false);
+        let tokenize = inspect_route(Route::Tokenize, br#"{"prompt":"abcdefgh"}"#, None, None);
         assert!(tokenize.unwrap().free, "tokenizing runs no model");
         assert!(
-            !inspect_route(Route::Completions, br#"{"prompt":"a"}"#, None, false)
+            !inspect_route(Route::Completions, br#"{"prompt":"a"}"#, None, None)
                 .unwrap()
                 .free
         );
@@ -336,9 +218,9 @@ mod tests {
 
     #[test]
     fn malformed_json_is_an_error() {
-        let err = inspect(b"{\"messages\": [", false).unwrap_err();
+        let err = inspect(b"{\"messages\": [", None).unwrap_err();
         assert!(err.to_string().contains("not valid JSON"));
-        assert!(inspect(b"", false).is_err());
-        assert!(inspect(&[0xff, 0xfe], false).is_err());
+        assert!(inspect(b"", None).is_err());
+        assert!(inspect(&[0xff, 0xfe], None).is_err());
     }
 }

@@ -411,7 +411,8 @@ async fn serve_connection<S: ConnectionService>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(None);
+        .header_read_timeout(None)
+        .max_buf_size(MAX_READ_BUFFER_BYTES);
     // HTTP/2: bounded streams; hyper's h2 also bounds pending and locally
     // reset streams (rapid-reset protection). Pings find a peer that is
     // gone while its streams are open.
@@ -445,6 +446,15 @@ async fn serve_connection<S: ConnectionService>(
         }
     }
 }
+
+/// hyper's HTTP/1 read buffer per connection, which bounds two things:
+/// the largest request head (32 KiB, nginx's default of 4 × 8 KiB header
+/// buffers; larger heads get 431), and how much of a body one poll of the
+/// connection reads — hyper reads up to 16 buffers per poll, so with its
+/// default (~400 KiB) a fast 60 MB upload held its I/O thread for 160 ms
+/// at a time (debug build) and stalled every stream sharing it; at 32 KiB
+/// a poll reads at most 512 KiB.
+pub const MAX_READ_BUFFER_BYTES: usize = 32 * 1024;
 
 /// How long an HTTP/2 client has to answer a keep-alive ping.
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);

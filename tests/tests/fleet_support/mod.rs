@@ -167,3 +167,88 @@ pub fn chosen(before: &[u64], after: &[u64]) -> usize {
     assert_eq!(after[grown[0]], before[grown[0]] + 1);
     grown[0]
 }
+
+/// One `shoal` process started with a shell command line (so a test can
+/// set `ulimit -n` before it), killed when dropped.
+pub struct SoloShoal {
+    child: std::process::Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+}
+
+impl SoloShoal {
+    /// Starts `shoal --host 127.0.0.1 --port 0 ARGS` after `prelude` (a
+    /// shell command such as `ulimit -n 256`, or empty) and waits for its
+    /// "listening" line.
+    pub fn start(prelude: &str, args: &str) -> Self {
+        use std::io::{BufRead, BufReader};
+        let bin = locate_shoal(None).unwrap();
+        let prelude = match prelude {
+            "" => String::new(),
+            p => format!("{p} && "),
+        };
+        let script = format!(
+            "{prelude}exec {} --host 127.0.0.1 --port 0 {args}",
+            bin.display()
+        );
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("shoal starts");
+        Self { child, addr }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `http://host:port`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A line of `/proc/PID/status` (`VmHWM`, `VmRSS`, ...) in kB.
+    pub fn status_kb(&self, field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+}
+
+impl Drop for SoloShoal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of counter `name` with label `reason` in a Prometheus text
+/// scrape (0 when absent).
+pub fn counter(metrics: &str, name: &str, reason: &str) -> u64 {
+    let prefix = format!("{name}{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}

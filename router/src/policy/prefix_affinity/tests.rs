@@ -278,5 +278,9 @@ fn the_policy_books_what_least_load_books() {
     };
     let least = LeastLoadPolicy::new(LeastLoadConfig::default());
     assert_eq!(p.token_work(&request), least.token_work(&request));
-    assert!(p.needs_request_text());
+    assert_eq!(
+        p.prompt_text_limit(),
+        Some(PrefixAffinityConfig::default().prefix_affinity_blocks * BLOCK_BYTES),
+        "the key's bytes, no more"
+    );
 }
