@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use fleet_support::{SoloShoal, counter, run_for};
-use serde_json::json;
 use shoal_tests::client::HttpClient;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
