@@ -3,13 +3,19 @@
 //!
 //! - **Inference keys** (`--api-key`, `--api-keys-file`): when any is set,
 //!   every proxied route and `GET /v1/models` needs `Authorization: Bearer
-//!   KEY` with one of them; otherwise they are open (as the engines are).
+//!   KEY` (or `x-api-key: KEY`, which Anthropic's SDKs send to
+//!   `/v1/messages`) with one of them; otherwise they are open (as the
+//!   engines are). A keys file that holds no key is an error, never "open":
+//!   emptying it to revoke every key must not turn authentication off.
 //! - **Admin key** (`--admin-api-key`): when set, `GET`/`POST`/`DELETE
 //!   /workers` and `GET /mesh/status` need it (and only it: an inference
-//!   key is not an admin key). When unset, admin *writes* are accepted from
-//!   loopback clients only, so a local demo works and an exposed replica is
-//!   not an open door for registering an engine that collects prompts;
-//!   admin reads stay open.
+//!   key is not an admin key). When unset, admin *writes* are refused —
+//!   an admin write registers an engine fleet-wide, which then receives
+//!   prompts and the worker key — unless `--allow-loopback-admin-writes`
+//!   opts in to accepting them from loopback clients (a local demo). The
+//!   socket's peer is no proof of locality behind a same-host proxy or a
+//!   service-mesh sidecar (Istio delivers inbound traffic from
+//!   127.0.0.6), so that is never the default. Admin reads stay open.
 //! - Health, readiness, liveness and `/metrics` are always open.
 //!
 //! Keys are held as SHA-256 digests, compared in constant time (every key
@@ -60,10 +66,13 @@ impl std::str::FromStr for Secret {
 }
 
 /// Reads a keys file: one key per line; blank lines and `#` comments are
-/// skipped. An unreadable file or a bad line is an error naming the line.
+/// skipped. An unreadable file, a bad line (named) or a file with no key
+/// at all is an error: a configured keys file that yields no key would
+/// otherwise open every route.
 pub fn read_keys_file(path: &std::path::Path) -> Result<Vec<Secret>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
+    let keys = text
+        .lines()
         .enumerate()
         .map(|(i, line)| (i + 1, line.trim()))
         .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
@@ -71,7 +80,16 @@ pub fn read_keys_file(path: &std::path::Path) -> Result<Vec<Secret>, String> {
             line.parse::<Secret>()
                 .map_err(|e| format!("{} line {n}: {e}", path.display()))
         })
-        .collect()
+        .collect::<Result<Vec<Secret>, String>>()?;
+    if keys.is_empty() {
+        return Err(format!(
+            "{} holds no key (only blank lines or comments); refusing to run with \
+             authentication off. To revoke every key, put a new one in; to run \
+             without keys, drop the flag",
+            path.display()
+        ));
+    }
+    Ok(keys)
 }
 
 /// A set of keys, by digest.
@@ -120,7 +138,11 @@ pub enum Denied {
     Missing,
     /// A key that is not one of the configured ones.
     Invalid,
-    /// An admin write from a non-loopback client with no admin key set.
+    /// An admin write with no admin key set (and loopback writes not
+    /// allowed).
+    NoAdminKey,
+    /// An admin write from a non-loopback client, with no admin key set
+    /// and loopback writes allowed.
     NotLoopback,
 }
 
@@ -130,6 +152,7 @@ impl Denied {
         match self {
             Denied::Missing => "missing",
             Denied::Invalid => "invalid",
+            Denied::NoAdminKey => "no_admin_key",
             Denied::NotLoopback => "not_loopback",
         }
     }
@@ -144,7 +167,8 @@ pub enum Scope {
     Inference,
     /// The admin key; `write` when it changes the fleet.
     Admin {
-        /// `POST`/`DELETE`: without an admin key, loopback only.
+        /// `POST`/`DELETE`: without an admin key, refused (or loopback
+        /// only, when allowed).
         write: bool,
     },
 }
@@ -181,6 +205,8 @@ pub struct Auth {
     inference: Keys,
     admin: Keys,
     worker: Option<HeaderValue>,
+    /// `--allow-loopback-admin-writes`.
+    loopback_admin: bool,
 }
 
 impl Auth {
@@ -190,6 +216,16 @@ impl Auth {
             inference,
             admin,
             worker: None,
+            loopback_admin: false,
+        }
+    }
+
+    /// The same, accepting admin writes from loopback clients while no
+    /// admin key is set (`--allow-loopback-admin-writes`).
+    pub fn with_loopback_admin(self, allowed: bool) -> Self {
+        Self {
+            loopback_admin: allowed,
+            ..self
         }
     }
 
@@ -228,21 +264,27 @@ impl Auth {
         match scope {
             Scope::Open => Ok(()),
             Scope::Inference if self.inference.is_empty() => Ok(()),
-            Scope::Inference => presented(headers, &self.inference),
-            Scope::Admin { write } if self.admin.is_empty() => {
-                let local = peer.is_some_and(|p| p.ip().is_loopback());
-                if write && !local {
-                    return Err(Denied::NotLoopback);
-                }
-                Ok(())
+            Scope::Inference => {
+                let token = bearer(headers).or_else(|| x_api_key(headers));
+                admitted(token, &self.inference)
             }
-            Scope::Admin { .. } => presented(headers, &self.admin),
+            Scope::Admin { write: false } if self.admin.is_empty() => Ok(()),
+            Scope::Admin { write: true } if self.admin.is_empty() => {
+                // `::ffff:127.0.0.1` is loopback too (a dual-stack listener).
+                let local = peer.is_some_and(|p| p.ip().to_canonical().is_loopback());
+                match (self.loopback_admin, local) {
+                    (true, true) => Ok(()),
+                    (true, false) => Err(Denied::NotLoopback),
+                    (false, _) => Err(Denied::NoAdminKey),
+                }
+            }
+            Scope::Admin { .. } => admitted(bearer(headers), &self.admin),
         }
     }
 }
 
-fn presented(headers: &HeaderMap, keys: &Keys) -> Result<(), Denied> {
-    let token = bearer(headers).ok_or(Denied::Missing)?;
+fn admitted(token: Option<&[u8]>, keys: &Keys) -> Result<(), Denied> {
+    let token = token.ok_or(Denied::Missing)?;
     if keys.admits(token) {
         Ok(())
     } else {
@@ -258,6 +300,12 @@ pub fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
         .eq_ignore_ascii_case(b"bearer")
         .then(|| token.trim_ascii())
         .filter(|t| !t.is_empty())
+}
+
+/// The key of an `x-api-key: KEY` header (Anthropic's SDKs send the key
+/// this way, to `/v1/messages`).
+pub fn x_api_key(headers: &HeaderMap) -> Option<&[u8]> {
+    Some(headers.get("x-api-key")?.as_bytes().trim_ascii()).filter(|t| !t.is_empty())
 }
 
 /// The `Authorization` header an engine gets for `key`.

@@ -139,14 +139,25 @@ impl ApiError {
         )
     }
 
-    /// 403 `admin_forbidden`: an admin write from a remote client while no
-    /// admin key is configured.
-    pub fn admin_forbidden() -> Self {
+    /// 403 `admin_forbidden`: an admin write while no admin key is
+    /// configured (`loopback_allowed`: it came from a remote client while
+    /// `--allow-loopback-admin-writes` is set).
+    pub fn admin_forbidden(loopback_allowed: bool) -> Self {
+        let message = match loopback_allowed {
+            true => {
+                "admin changes are accepted from loopback clients only \
+                 (--allow-loopback-admin-writes) until --admin-api-key is set"
+            }
+            false => {
+                "admin changes need --admin-api-key (or --allow-loopback-admin-writes \
+                 for a local, unproxied replica)"
+            }
+        };
         Self::new(
             StatusCode::FORBIDDEN,
             "invalid_request_error",
             "admin_forbidden",
-            "admin changes are accepted from loopback only until --admin-api-key is set",
+            message,
         )
     }
 

@@ -137,23 +137,70 @@ async fn keys_guard_every_inference_and_admin_route_and_stay_apart() {
 }
 
 #[tokio::test]
-async fn without_an_admin_key_loopback_admins_still_work() {
+async fn without_an_admin_key_admin_writes_are_refused_unless_loopback_is_opted_in() {
     let engine = FakeEngine::start().await;
-    let mut args = base_args(&[&engine.url]);
+    let mut args: Vec<String> = base_args(&[&engine.url])
+        .into_iter()
+        .filter(|a| a != "--allow-loopback-admin-writes")
+        .collect();
     args.extend(["--api-key".into(), KEY.into()]);
+    let add = serde_json::json!({"url": "http://127.0.0.1:9"});
     let router = Router::start(&args).await;
-    let added = send(
+    let refused = send(
         &router,
         reqwest::Method::POST,
         "/workers",
         None,
-        Some(serde_json::json!({"url": "http://127.0.0.1:9"})),
+        Some(add.clone()),
     )
     .await;
+    let (status, code) = code(refused).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (403, "admin_forbidden"),
+        "even from loopback: a same-host proxy makes everyone local"
+    );
+    let listed = send(&router, reqwest::Method::GET, "/workers", None, None).await;
+    assert_eq!(listed.status(), 200, "admin reads stay open");
+    drop(router);
+    args.push("--allow-loopback-admin-writes".into());
+    let router = Router::start(&args).await;
+    let added = send(&router, reqwest::Method::POST, "/workers", None, Some(add)).await;
     assert_eq!(
         added.status(),
         201,
-        "a loopback client may change the fleet"
+        "with the opt-in, a loopback client may change the fleet"
+    );
+}
+
+#[tokio::test]
+async fn an_x_api_key_opens_the_inference_routes_and_never_reaches_the_engine() {
+    let engine = FakeEngine::start().await;
+    let mut args = base_args(&[&engine.url]);
+    args.extend(["--api-key".into(), KEY.into()]);
+    let router = Router::start(&args).await;
+    let client = reqwest::Client::new();
+    let with = |key: &str| {
+        client
+            .post(router.url("/v1/messages"))
+            .header("x-api-key", key)
+            .header("anthropic-version", "2023-06-01")
+            .json(&serde_json::json!({"model": "m", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let answered = with(KEY).await.unwrap();
+    assert_eq!(answered.status(), 200, "Anthropic's SDK sends x-api-key");
+    let refused = with("sk-not-the-key").await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let seen = engine.state.api_keys.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|(path, _)| path == "/v1/messages"),
+        "the request reached the engine: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|(_, key)| key.is_none()),
+        "a Shoal key never reaches an engine: {seen:?}"
     );
 }
 

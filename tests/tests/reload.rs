@@ -137,3 +137,82 @@ async fn sighup_applies_seeds_keys_and_thresholds_and_a_broken_file_changes_noth
     })
     .await;
 }
+
+/// A keys file emptied to revoke every key must not open the router: a
+/// reload of it is rejected (old keys kept, logged, counted), and a
+/// replica started on it refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_keys_file_is_rejected_and_never_opens_the_router() {
+    run(async {
+        let engines = engines(1).await;
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        std::fs::write(&keys, "# team a\nsk-team-a-key-1\n").unwrap();
+        let path = keys.to_string_lossy().to_string();
+        let bin = locate_shoal(None).unwrap();
+        let cfg = FleetConfig::new(bin.clone(), 1, vec![engines[0].url()])
+            .mesh(false)
+            .args([
+                "--api-keys-file",
+                path.as_str(),
+                "--worker-load-source",
+                "none",
+            ]);
+        let s = Setup {
+            engines,
+            fleet: Fleet::start(cfg).await.unwrap(),
+            client: HttpClient::new(),
+        };
+        let models = |key: Option<&'static str>| {
+            let (client, url) = (s.client.clone(), format!("{}/v1/models", s.fleet.url(0)));
+            async move {
+                let auth = key.map(|k| format!("Bearer {k}"));
+                let headers: Vec<(&str, &str)> =
+                    auth.iter().map(|a| ("authorization", a.as_str())).collect();
+                let resp = client
+                    .send(http::Method::GET, &url, &headers, None)
+                    .await
+                    .unwrap();
+                resp.status().as_u16()
+            }
+        };
+        assert_eq!(models(None).await, 401);
+        assert_eq!(models(Some("sk-team-a-key-1")).await, 200);
+
+        std::fs::write(&keys, "# every key revoked\n\n").unwrap();
+        hangup(&s);
+        wait_for(
+            "the emptied file is rejected",
+            Duration::from_secs(5),
+            async || {
+                let metrics = s
+                    .client
+                    .get(&format!("{}/metrics", s.fleet.url(0)))
+                    .await
+                    .ok()?
+                    .text();
+                metrics
+                    .contains("shoal_config_reloads_total{result=\"rejected\"} 1")
+                    .then_some(())
+            },
+        )
+        .await;
+        assert_eq!(models(None).await, 401, "still guarded");
+        assert_eq!(models(Some("sk-team-a-key-1")).await, 200, "old keys kept");
+        let log = s.fleet.log_tail(0, 40);
+        assert!(log.contains("holds no key"), "the reason is logged: {log}");
+
+        let started = std::process::Command::new(&bin)
+            .args(["--port", "0", "--api-keys-file", path.as_str()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&started.stderr).into_owned()
+            + &String::from_utf8_lossy(&started.stdout);
+        assert!(!started.status.success(), "refused to start: {said}");
+        assert!(
+            said.contains("--api-keys-file") && said.contains("holds no key"),
+            "the error names the flag and the reason: {said}"
+        );
+    })
+    .await;
+}

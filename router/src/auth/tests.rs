@@ -59,7 +59,7 @@ fn any_of_several_inference_keys_admits_and_nothing_else_does() {
 }
 
 #[test]
-fn the_admin_key_is_its_own_and_without_it_writes_are_loopback_only() {
+fn the_admin_key_is_its_own_and_without_it_writes_are_refused_unless_loopback_is_allowed() {
     let auth = Auth::new(keys(&["sk-inference"]), keys(&["sk-admin-key"]));
     let write = Scope::Admin { write: true };
     let read = Scope::Admin { write: false };
@@ -76,19 +76,51 @@ fn the_admin_key_is_its_own_and_without_it_writes_are_loopback_only() {
         Err(Denied::Missing)
     );
     let no_admin = Auth::new(keys(&["sk-inference"]), Keys::default());
-    assert_eq!(no_admin.check(write, &HeaderMap::new(), LOCAL), Ok(()));
-    assert_eq!(
-        no_admin.check(write, &HeaderMap::new(), REMOTE),
-        Err(Denied::NotLoopback)
-    );
-    assert_eq!(
-        no_admin.check(write, &HeaderMap::new(), None),
-        Err(Denied::NotLoopback)
-    );
+    for peer in [LOCAL, REMOTE, None] {
+        assert_eq!(
+            no_admin.check(write, &HeaderMap::new(), peer),
+            Err(Denied::NoAdminKey),
+            "no admin key: writes are refused from anywhere by default"
+        );
+    }
     assert_eq!(
         no_admin.check(read, &HeaderMap::new(), REMOTE),
         Ok(()),
         "reads stay open"
+    );
+    let loopback = no_admin.with_loopback_admin(true);
+    assert_eq!(loopback.check(write, &HeaderMap::new(), LOCAL), Ok(()));
+    let mapped: SocketAddr = "[::ffff:127.0.0.1]:5000".parse().unwrap();
+    assert_eq!(
+        loopback.check(write, &HeaderMap::new(), Some(mapped)),
+        Ok(()),
+        "an IPv4-mapped loopback peer (dual-stack listener) is loopback"
+    );
+    let mapped_remote: SocketAddr = "[::ffff:10.1.2.3]:5000".parse().unwrap();
+    for peer in [REMOTE, None, Some(mapped_remote)] {
+        assert_eq!(
+            loopback.check(write, &HeaderMap::new(), peer),
+            Err(Denied::NotLoopback)
+        );
+    }
+}
+
+#[test]
+fn an_anthropic_style_x_api_key_is_an_inference_key_and_never_an_admin_key() {
+    let auth = Auth::new(keys(&["sk-inference"]), keys(&["sk-admin-key"]));
+    let mut h = HeaderMap::new();
+    h.insert("x-api-key", HeaderValue::from_static("sk-inference"));
+    assert_eq!(auth.check(Scope::Inference, &h, REMOTE), Ok(()));
+    h.insert("x-api-key", HeaderValue::from_static("sk-wrong-key"));
+    assert_eq!(
+        auth.check(Scope::Inference, &h, REMOTE),
+        Err(Denied::Invalid)
+    );
+    h.insert("x-api-key", HeaderValue::from_static("sk-admin-key"));
+    assert_eq!(
+        auth.check(Scope::Admin { write: false }, &h, REMOTE),
+        Err(Denied::Missing),
+        "admin keys come as Bearer only"
     );
 }
 
@@ -142,6 +174,12 @@ fn a_keys_file_skips_comments_and_names_a_bad_line() {
     std::fs::write(&path, "sk-good-key\nbad\n").unwrap();
     assert!(read_keys_file(&path).unwrap_err().contains("line 2"));
     assert!(read_keys_file(&dir.path().join("missing")).is_err());
+    // Emptied (every key revoked): an error, never "no keys, open".
+    std::fs::write(&path, "# all revoked\n\n   \n").unwrap();
+    let empty = read_keys_file(&path).unwrap_err();
+    assert!(empty.contains("holds no key"), "{empty}");
+    std::fs::write(&path, "").unwrap();
+    assert!(read_keys_file(&path).is_err());
 }
 
 #[test]

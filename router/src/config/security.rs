@@ -26,9 +26,16 @@ pub struct SecurityConfig {
     pub api_keys_file: Option<PathBuf>,
 
     /// Key for the admin routes (`/workers`, `/mesh/status`); an inference
-    /// key does not open them. Unset: admin writes only from loopback.
+    /// key does not open them. Unset: admin writes (`POST`/`DELETE
+    /// /workers`) are refused, and admin reads are open.
     #[arg(long, env = "SHOAL_ADMIN_API_KEY")]
     pub admin_api_key: Option<Secret>,
+
+    /// With no --admin-api-key, accept admin writes from loopback clients
+    /// (a local demo). Unsafe behind a proxy or sidecar on the same host,
+    /// whose connections all come from loopback.
+    #[arg(long, env = "SHOAL_ALLOW_LOOPBACK_ADMIN_WRITES")]
+    pub allow_loopback_admin_writes: bool,
 
     /// Key sent to engines as `Authorization: Bearer KEY` (engines started
     /// with `--api-key`); also on health checks, load polls and model lists.
@@ -80,7 +87,9 @@ impl SecurityConfig {
         let inference = self.inference_keys()?;
         let admin: Vec<Secret> = self.admin_api_key.iter().cloned().collect();
         let worker = self.worker_api_key.as_ref().and_then(auth::bearer_header);
-        Ok(Auth::new(Keys::new(&inference), Keys::new(&admin)).with_worker_key(worker))
+        Ok(Auth::new(Keys::new(&inference), Keys::new(&admin))
+            .with_worker_key(worker)
+            .with_loopback_admin(self.allow_loopback_admin_writes))
     }
 
     /// Checks what can be checked at start: the keys file reads, and the

@@ -72,7 +72,8 @@ fn refusal(scope: Scope, denied: Denied) -> Response {
     match denied {
         Denied::Missing => ApiError::invalid_api_key(true),
         Denied::Invalid => ApiError::invalid_api_key(false),
-        Denied::NotLoopback => ApiError::admin_forbidden(),
+        Denied::NoAdminKey => ApiError::admin_forbidden(false),
+        Denied::NotLoopback => ApiError::admin_forbidden(true),
     }
     .into_response()
 }

@@ -43,9 +43,9 @@ fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<Vec<u8>> 
 ///
 /// Not forwarded: `host` and `content-length` (set here), `expect` (the
 /// body was already read, so there is nothing to wait for), the
-/// hop-by-hop headers, and the client's `authorization` unless
-/// `authorization` says [`Authorization::Forward`] (a `Set` one is written
-/// instead).
+/// hop-by-hop headers, and the client's `authorization` and `x-api-key`
+/// (Anthropic's form of the same key) unless `authorization` says
+/// [`Authorization::Forward`] (a `Set` one is written instead).
 pub fn encode_request(
     method: &Method,
     authority: &str,
@@ -75,7 +75,8 @@ pub fn encode_request(
         if name == header::HOST
             || name == header::CONTENT_LENGTH
             || name == header::EXPECT
-            || (name == header::AUTHORIZATION && authorization != Authorization::Forward)
+            || ((name == header::AUTHORIZATION || name.as_str() == "x-api-key")
+                && authorization != Authorization::Forward)
             || (traceparent.is_some()
                 && (name.as_str() == "traceparent" || name.as_str() == "tracestate"))
             || is_fixed_hop_by_hop(name)

@@ -55,9 +55,11 @@ pub struct EngineState {
     pub last_request: Mutex<Option<(String, String, Option<String>)>>,
     /// Path and `Authorization` header of every request, in order.
     pub authorizations: std::sync::Mutex<Vec<(String, Option<String>)>>,
+    /// Path and `x-api-key` header of every request, in order.
+    pub api_keys: std::sync::Mutex<Vec<(String, Option<String>)>>,
 }
 
-/// Records every request's path and `Authorization` header.
+/// Records every request's path, `Authorization` and `x-api-key` headers.
 async fn record_authorization(
     State(state): State<Arc<EngineState>>,
     request: axum::extract::Request,
@@ -68,7 +70,15 @@ async fn record_authorization(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let api_key = request
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let path = request.uri().path().to_string();
+    if let Ok(mut seen) = state.api_keys.lock() {
+        seen.push((path.clone(), api_key));
+    }
     if let Ok(mut seen) = state.authorizations.lock() {
         seen.push((path, auth));
     }

@@ -104,10 +104,12 @@ impl Drop for Router {
     }
 }
 
-/// Flags shared by most tests: fast checks, no load polling, and
-/// round-robin routing (these tests count requests per worker).
+/// Flags shared by most tests: fast checks, no load polling,
+/// round-robin routing (these tests count requests per worker), and admin
+/// writes from loopback (the tests' client is local).
 pub fn base_args<S: AsRef<str>>(workers: &[S]) -> Vec<String> {
     let mut args: Vec<String> = vec![
+        "--allow-loopback-admin-writes".into(),
         "--policy".into(),
         "round_robin".into(),
         "--worker-load-source".into(),

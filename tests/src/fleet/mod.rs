@@ -216,11 +216,14 @@ impl Fleet {
         quic_port: u16,
         peers: &[String],
     ) -> Replica {
+        // The tests' admin client is local; a replica needs this opt-in
+        // to take admin writes without an admin key.
         let mut args: Vec<String> = vec![
             "--host".into(),
             "127.0.0.1".into(),
             "--port".into(),
             http_port.to_string(),
+            "--allow-loopback-admin-writes".into(),
         ];
         if !self.worker_urls.is_empty() {
             args.extend(["--worker-urls".into(), self.worker_urls.join(",")]);
