@@ -320,3 +320,44 @@ async fn the_answering_worker_is_named_only_when_asked() {
     let response = router.chat(true).await;
     assert_eq!(response.headers()["x-shoal-worker"], engine.url.as_str());
 }
+
+#[tokio::test]
+async fn clients_trickling_their_bodies_hold_no_admission_slot() {
+    use tokio::io::AsyncWriteExt;
+    let engine = FakeEngine::start().await;
+    let mut args = base_args(&[&engine.url]);
+    args.extend(
+        ["--max-concurrent-requests", "1", "--queue-size", "0"]
+            .into_iter()
+            .map(String::from),
+    );
+    let router = Router::start(&args).await;
+    // Two clients declare a body and send only its first byte.
+    let mut trickling = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        stream
+            .write_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: shoal\r\n\
+                  content-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+            )
+            .await
+            .unwrap();
+        trickling.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The one proxying slot is still free for a client that sent its body.
+    let answered = reqwest::Client::new()
+        .post(router.url("/v1/chat/completions"))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answered.status(),
+        200,
+        "a slow body must not hold the slot: {}",
+        answered.text().await.unwrap_or_default()
+    );
+    drop(trickling);
+}
