@@ -153,7 +153,13 @@ async fn admin_api_adds_and_removes_workers() {
         .await
         .unwrap();
     assert_eq!(response.status(), 201);
-    assert_eq!(router.chat(false).await.status(), 200);
+    // Routed once its first check (health and model list) passed.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            router.chat(false).await.status() == 200
+        })
+        .await
+    );
 
     let again = client
         .post(router.url("/workers"))
@@ -214,6 +220,34 @@ async fn models_are_merged_across_workers() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, vec!["llama", "mistral", "qwen"]);
+    // Once the checks have read both lists, clients asking do not fan out
+    // to the engines.
+    let hits = |e: &FakeEngine| {
+        e.state
+            .authorizations
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path == "/v1/models")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            router.worker(&a.url).await["models"].is_array()
+                && router.worker(&b.url).await["models"].is_array()
+        })
+        .await
+    );
+    let before = (hits(&a), hits(&b));
+    for _ in 0..10 {
+        let listed = reqwest::get(router.url("/v1/models")).await.unwrap();
+        assert_eq!(listed.status(), 200);
+    }
+    assert_eq!(
+        (hits(&a), hits(&b)),
+        before,
+        "answered from the checks' lists"
+    );
 }
 
 #[tokio::test]
@@ -265,4 +299,60 @@ async fn a_new_worker_is_unknown_until_checked_and_a_dead_one_is_checked_at_once
         "checked at once: {}",
         router.worker(&dead).await
     );
+}
+
+#[tokio::test]
+async fn a_worker_added_at_run_time_takes_no_request_for_a_model_it_does_not_serve() {
+    let a = FakeEngine::start().await;
+    *a.state.models.lock().await = vec!["model-a".into()];
+    let b = FakeEngine::start().await;
+    *b.state.models.lock().await = vec!["model-b".into()];
+    // B's list takes a while: the moment a new worker is most at risk.
+    b.state.models_delay_ms.store(600, Ordering::SeqCst);
+    let router = Router::start(&base_args(&[&a.url])).await;
+    let client = reqwest::Client::new();
+    let ask = |model: &'static str| {
+        let request = client
+            .post(router.url("/v1/chat/completions"))
+            .json(&serde_json::json!({"model": model, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hi"}]}));
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            ask("model-a").await == 200
+        })
+        .await,
+        "A routes model-a"
+    );
+    let added = client
+        .post(router.url("/workers"))
+        .json(&serde_json::json!({"url": b.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    // While B's list is being read, model-a still goes to A only.
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_millis(500) {
+        assert_eq!(ask("model-a").await, 200);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(sent > 10, "{sent}");
+    assert_eq!(
+        b.requests(),
+        0,
+        "B took a request for a model it does not serve"
+    );
+    // Once its list is read, B takes model-b.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            ask("model-b").await == 200
+        })
+        .await,
+        "B routes model-b after its check"
+    );
+    assert!(b.requests() >= 1);
 }

@@ -13,9 +13,12 @@ use serde_json::{Value, json};
 
 use super::state::AppState;
 use crate::error::ApiError;
+use crate::workers::{Served, parse_model_list};
 use crate::{telemetry, upstream};
 
+/// Deadline for reading a model list not read by the checks yet.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest model list read.
 const MODELS_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// `GET /liveness`: the process answers.
@@ -67,57 +70,53 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// `GET /v1/models`: the union of every available worker's model list,
-/// deduplicated by id.
+/// `GET /v1/models`: the union of every available worker's model list, by
+/// `id`, each as its engine describes it. The lists are the ones the
+/// health checks read (what routing uses), so this answers from memory:
+/// a client polling it does not fan out to every engine (only a worker
+/// whose list no check has read yet is asked).
 pub async fn models(State(app): State<Arc<AppState>>) -> Response {
     let workers = app.registry.all();
     let available: Vec<_> = workers.iter().filter(|w| w.is_available()).collect();
     if available.is_empty() {
         return ApiError::no_workers("no available worker to list models from").into_response();
     }
-    let answers = join_all(available.iter().map(|worker| {
-        upstream::get(
+    // A worker whose list the checks have not read yet (a seed in the
+    // first moment after start) is asked now.
+    let unread = available.iter().filter(|w| *w.served() == Served::Unread);
+    let fetched = join_all(unread.map(|worker| async {
+        let answer = upstream::get(
             &app.side_client,
             worker.url(),
             "/v1/models",
             MODELS_TIMEOUT,
             MODELS_MAX_BYTES,
         )
+        .await;
+        match answer {
+            Ok((status, body)) if status.is_success() => parse_model_list(&body),
+            _ => None,
+        }
+        .map(|list| list.cards)
+        .unwrap_or_default()
     }))
     .await;
     let mut merged: BTreeMap<String, Value> = BTreeMap::new();
-    let mut answered = 0usize;
-    for (worker, answer) in available.iter().zip(answers) {
-        let body = match answer {
-            Ok((status, body)) if status.is_success() => body,
-            Ok((status, _)) => {
-                tracing::debug!(worker = worker.url(), %status, "model list failed");
-                continue;
-            }
-            Err(err) => {
-                tracing::debug!(worker = worker.url(), error = %err, "model list failed");
-                continue;
-            }
-        };
-        let Ok(list) = serde_json::from_slice::<Value>(&body) else {
-            continue;
-        };
-        answered += 1;
-        for model in list
-            .get("data")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(id) = model.get("id").and_then(Value::as_str) {
-                merged
-                    .entry(id.to_string())
-                    .or_insert_with(|| model.clone());
-            }
+    let cached: Vec<_> = available.iter().map(|w| w.model_cards()).collect();
+    let cards = cached
+        .iter()
+        .flat_map(|c| c.iter())
+        .chain(fetched.iter().flatten());
+    for card in cards {
+        if let Some(id) = card.get("id").and_then(Value::as_str) {
+            merged.entry(id.to_string()).or_insert_with(|| card.clone());
         }
     }
-    if answered == 0 {
-        return ApiError::bad_gateway("no worker returned a model list").into_response();
+    if merged.is_empty() {
+        return ApiError::bad_gateway(
+            "no available worker has listed its models yet (each /v1/models is read with its health checks)",
+        )
+        .into_response();
     }
     Json(json!({"object": "list", "data": merged.into_values().collect::<Vec<_>>()}))
         .into_response()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 
-use super::models::parse_model_list;
+use super::models::{Served, parse_model_list};
 use super::{Registry, Worker};
 use crate::config::HealthConfig;
 use crate::telemetry;
@@ -68,7 +68,8 @@ const MODEL_LIST_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// Reads what `worker` serves from its `/v1/models` and records it; a
 /// worker that has no such list (an error status or another shape) keeps
-/// what was known before (unknown: a candidate for every model).
+/// what was known before, or, never read before, becomes a candidate for
+/// every model ([`Served::Any`]).
 async fn refresh_models(
     client: &HttpClient,
     registry: &Registry,
@@ -88,15 +89,20 @@ async fn refresh_models(
         Ok(_) | Err(_) => None,
     };
     match served {
-        Some(served) => {
-            if registry.set_served(worker, served) {
+        Some(list) => {
+            worker.set_model_cards(list.cards);
+            if registry.set_served(worker, list.served) {
                 tracing::info!(worker = worker.url(), models = ?worker.served().ids(), "worker models changed");
             }
         }
-        None => tracing::debug!(
-            worker = worker.url(),
-            "no model list; the worker takes any model"
-        ),
+        None if *worker.served() == Served::Unread => {
+            tracing::info!(
+                worker = worker.url(),
+                "no model list; the worker takes any model"
+            );
+            registry.set_served(worker, Served::Any);
+        }
+        None => tracing::debug!(worker = worker.url(), "no model list this time"),
     }
 }
 
@@ -140,10 +146,13 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
             let registry = &registry;
             async move {
                 let passed = probe(client, worker, config).await;
-                record_probe(worker, passed, config);
+                // The list before the verdict: a worker coming into
+                // rotation is routed by what it serves from its first
+                // request on.
                 if passed {
                     refresh_models(client, registry, worker, config).await;
                 }
+                record_probe(worker, passed, config);
                 telemetry::worker_health(worker.url(), worker.is_healthy());
             }
         });

@@ -23,7 +23,7 @@ use crate::config::BreakerConfig;
 
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use ledger::{Booking, Ledger};
-pub use models::{ModelIndex, ModelNotFound, Served};
+pub use models::{ModelIndex, ModelList, ModelNotFound, Served, parse_model_list};
 pub use snapshot_cell::{CellStamp, SnapshotCell};
 
 /// A polled snapshot together with the local instant its poll started, so
@@ -48,9 +48,10 @@ pub struct Worker {
     /// routed optimistically but shown as `healthy: null`).
     checked: AtomicBool,
     /// Its first check decides its health at once (a worker added at run
-    /// time: a dead address must not look healthy for three intervals).
-    /// Seeds keep the thresholds, so engines still starting when the
-    /// replica does are not dropped by one early failure.
+    /// time, which is out of rotation until then: a dead address must not
+    /// look healthy, and a live one is routed only once its model list is
+    /// read). Seeds keep the thresholds, so engines still starting when
+    /// the replica does are not dropped by one early failure.
     first_check_decides: AtomicBool,
     health_streak: std::sync::Mutex<health::Streak>,
     breaker: CircuitBreaker,
@@ -58,6 +59,9 @@ pub struct Worker {
     snapshot: ArcSwap<Option<StoredSnapshot>>,
     snapshot_cell: SnapshotCell,
     served: ArcSwap<Served>,
+    /// The engine's model objects from its last model list (what `GET
+    /// /v1/models` answers with; read with the health checks).
+    model_cards: ArcSwap<Vec<serde_json::Value>>,
 }
 
 impl Worker {
@@ -83,8 +87,19 @@ impl Worker {
             ledger,
             snapshot: ArcSwap::from_pointee(None),
             snapshot_cell: SnapshotCell::default(),
-            served: ArcSwap::from_pointee(Served::Unknown),
+            served: ArcSwap::from_pointee(Served::Unread),
+            model_cards: ArcSwap::from_pointee(Vec::new()),
         }
+    }
+
+    /// The engine's model objects from its last model list.
+    pub fn model_cards(&self) -> Arc<Vec<serde_json::Value>> {
+        self.model_cards.load_full()
+    }
+
+    /// Records the engine's model objects.
+    pub fn set_model_cards(&self, cards: Vec<serde_json::Value>) {
+        self.model_cards.store(Arc::new(cards));
     }
 
     /// The models this worker serves, as its model list last said.
@@ -355,7 +370,9 @@ impl Registry {
             return Err(RegistryError::Exists(url));
         }
         let worker = self.make_worker(url);
+        // Out of rotation until its first check (which reads its models).
         worker.first_check_decides.store(true, Ordering::Relaxed);
+        worker.healthy.store(false, Ordering::Relaxed);
         let mut next = Vec::with_capacity(current.len() + 1);
         next.extend(current.iter().cloned());
         next.push(worker.clone());

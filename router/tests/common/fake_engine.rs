@@ -48,6 +48,8 @@ pub struct EngineState {
     pub loads: Mutex<String>,
     /// Model ids served at `/v1/models`.
     pub models: Mutex<Vec<String>>,
+    /// Milliseconds `/v1/models` waits before answering.
+    pub models_delay_ms: std::sync::atomic::AtomicU64,
     /// Last request body received.
     pub last_body: Mutex<Bytes>,
     /// Method, path and query, and `content-type` of the last request that
@@ -214,6 +216,8 @@ async fn loads(State(state): State<Arc<EngineState>>) -> Response {
 }
 
 async fn models(State(state): State<Arc<EngineState>>) -> Response {
+    let delay = state.models_delay_ms.load(Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     let ids = state.models.lock().await.clone();
     let data: Vec<_> = ids
         .iter()
