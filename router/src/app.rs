@@ -20,6 +20,7 @@ use crate::mesh_setup::{self, MeshStartError};
 use crate::request::Route;
 use crate::serving::{self, FrontLimits, IoThreads};
 use crate::sources::{WorkerSources, kubernetes};
+use crate::supervise::supervised;
 use crate::workers::Registry;
 use crate::workers::health;
 use crate::{link, load, policy, proxy, reload, telemetry, upstream};
@@ -163,30 +164,48 @@ impl Server {
     ) -> std::io::Result<()> {
         let state = self.state;
         let config = state.config.clone();
+        // Every background task runs supervised: a panic restarts it
+        // instead of silently ending it (see `supervise`).
         let mut background = tokio::task::JoinSet::new();
-        background.spawn(health::run(
-            state.registry.clone(),
-            state.side_client.clone(),
-            config.health.clone(),
-        ));
-        background.spawn(load::run(
-            state.registry.clone(),
-            state.side_client.clone(),
-            load::MonitorConfig::new(&config.load, config.mesh.node_name(), state.mesh.clone()),
-        ));
-        background.spawn(state.sources.clone().run());
-        background.spawn(reload::on_sighup(state.clone()));
+        background.spawn(supervised("health", {
+            let (registry, client) = (state.registry.clone(), state.side_client.clone());
+            let health = config.health.clone();
+            move || health::run(registry.clone(), client.clone(), health.clone())
+        }));
+        background.spawn(supervised("load", {
+            let (registry, client) = (state.registry.clone(), state.side_client.clone());
+            let monitor =
+                load::MonitorConfig::new(&config.load, config.mesh.node_name(), state.mesh.clone());
+            move || load::run(registry.clone(), client.clone(), monitor.clone())
+        }));
+        background.spawn(supervised("sources", {
+            let sources = state.sources.clone();
+            move || sources.clone().run()
+        }));
+        background.spawn(supervised("reload", {
+            let state = state.clone();
+            move || reload::on_sighup(state.clone())
+        }));
         if config.discovery.discovery == DiscoveryKind::Kubernetes {
-            background.spawn(kubernetes::run(
-                config.discovery.clone(),
-                state.sources.clone(),
-            ));
+            background.spawn(supervised("discovery", {
+                let (discovery, sources) = (config.discovery.clone(), state.sources.clone());
+                move || kubernetes::run(discovery.clone(), sources.clone())
+            }));
         }
-        if let Some(upkeep) = state.policy.background_task() {
-            background.spawn(upkeep);
+        if state.policy.background_task().is_some() {
+            background.spawn(supervised("policy", {
+                let policy = state.policy.clone();
+                move || {
+                    policy
+                        .background_task()
+                        .unwrap_or_else(|| Box::pin(std::future::ready(())))
+                }
+            }));
         }
         if let Some(handle) = state.metrics.clone() {
-            background.spawn(telemetry::upkeep(handle));
+            background.spawn(supervised("metrics", move || {
+                telemetry::upkeep(handle.clone())
+            }));
         }
         let addr = self.listener.local_addr()?;
         let threads = serving::resolve_thread_count(config.io_threads);

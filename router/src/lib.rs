@@ -25,6 +25,7 @@ pub mod reload;
 pub mod request;
 pub mod serving;
 pub mod sources;
+pub mod supervise;
 pub mod telemetry;
 pub mod upstream;
 pub mod url;

@@ -57,6 +57,11 @@ pub const CONFIG_RELOADS_TOTAL: &str = "shoal_config_reloads_total";
 pub const DISCOVERY_ERRORS_TOTAL: &str = "shoal_discovery_errors_total";
 /// Gauge: Ready endpoints discovery found at its last change.
 pub const DISCOVERED_ENDPOINTS: &str = "shoal_discovered_endpoints";
+/// Gauge: EndpointSlices discovery could not use at its last change, by
+/// reason.
+pub const DISCOVERY_SKIPPED_SLICES: &str = "shoal_discovery_skipped_slices";
+/// Counter of background tasks restarted after a panic, by task.
+pub const BACKGROUND_TASK_RESTARTS_TOTAL: &str = "shoal_background_task_restarts_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -93,18 +98,31 @@ pub fn install() -> Option<PrometheusHandle> {
 /// label values): a dashboard or alert then reads 0, not "no data", and
 /// CI can check every dashboard expression against a live scrape.
 fn zero_series() {
-    for reason in ["queue_full", "queue_timeout", "fleet_saturated"] {
+    for reason in [
+        "queue_full",
+        "queue_timeout",
+        "fleet_saturated",
+        "request_buffer_full",
+    ] {
         counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(0);
     }
     for scope in ["inference", "admin"] {
-        for reason in ["missing", "invalid", "not_loopback"] {
+        for reason in ["missing", "invalid", "no_admin_key", "not_loopback"] {
             counter!(AUTH_FAILURES_TOTAL, "scope" => scope, "reason" => reason).increment(0);
         }
     }
     for result in ["applied", "rejected"] {
         counter!(CONFIG_RELOADS_TOTAL, "result" => result).increment(0);
     }
-    for reason in ["header_timeout", "body_timeout", "limit", "accept_error"] {
+    for reason in [
+        "header_timeout",
+        "idle_timeout",
+        "evicted",
+        "body_timeout",
+        "body_deadline",
+        "limit",
+        "accept_error",
+    ] {
         counter!(CLIENT_CONNECTIONS_CLOSED_TOTAL, "reason" => reason).increment(0);
     }
 }
@@ -183,15 +201,15 @@ fn describe() {
     describe_gauge!(WORKERS, "Workers registered and available.");
     describe_counter!(
         ADMISSION_REJECTED_TOTAL,
-        "Inference requests refused by overload admission (--max-concurrent-requests): queue_full (429), queue_timeout (503) or fleet_saturated (503, --worker-max-inflight)."
+        "Inference requests refused by admission: queue_full (429) or queue_timeout (503) of --max-concurrent-requests, fleet_saturated (503, --worker-max-inflight), request_buffer_full (503, --max-buffered-request-bytes)."
     );
     describe_counter!(
         AUTH_FAILURES_TOTAL,
-        "Requests refused by the API-key gate, by scope (inference, admin) and reason (missing, invalid, not_loopback)."
+        "Requests refused by the API-key gate, by scope (inference, admin) and reason (missing, invalid, no_admin_key: an admin write with no --admin-api-key, not_loopback: one from a remote client under --allow-loopback-admin-writes)."
     );
     describe_counter!(
         CLIENT_CONNECTIONS_CLOSED_TOTAL,
-        "Client connections the front closed: header_timeout (no complete request headers in --client-header-timeout-secs, idle keep-alive included), body_timeout (a body stalled past --client-body-timeout-secs), limit (over --max-client-connections at arrival), accept_error (e.g. out of descriptors)."
+        "Client connections the front closed: header_timeout (no complete request in --client-header-timeout-secs from opening, whatever was sent), idle_timeout (a keep-alive or HTTP/2 connection with nothing in flight for that long), evicted (idle, closed to make room at --max-client-connections), body_timeout (a body stalled past --client-body-timeout-secs), body_deadline (a body longer than --client-body-deadline-secs in all), limit (at --max-client-connections with nothing idle to close), accept_error (e.g. out of descriptors)."
     );
     describe_counter!(
         CONFIG_RELOADS_TOTAL,
@@ -205,6 +223,24 @@ fn describe() {
         DISCOVERED_ENDPOINTS,
         "Ready endpoints Kubernetes discovery found at its last change."
     );
+    describe_gauge!(
+        DISCOVERY_SKIPPED_SLICES,
+        "EndpointSlices discovery could not use at its last change, by reason: ambiguous_port (several ports and no --discovery-port), no_port (the named port is not listed), address_type (FQDN)."
+    );
+    describe_counter!(
+        BACKGROUND_TASK_RESTARTS_TOTAL,
+        "Background tasks (health, load, sources, reload, discovery, policy, metrics upkeep) restarted after a panic, by task."
+    );
+}
+
+/// Counts one background task restarted after a panic.
+pub fn background_task_restarted(task: &'static str) {
+    counter!(BACKGROUND_TASK_RESTARTS_TOTAL, "task" => task).increment(1);
+}
+
+/// Records how many EndpointSlices discovery skipped for `reason`.
+pub fn discovery_skipped_slices(reason: &'static str, count: usize) {
+    gauge!(DISCOVERY_SKIPPED_SLICES, "reason" => reason).set(count as f64);
 }
 
 /// Counts one request the API-key gate refused.

@@ -20,6 +20,15 @@ pub enum DiscoveryKind {
     Kubernetes,
 }
 
+/// How discovered engines are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiscoveryScheme {
+    /// `http://` (the engines' default).
+    Http,
+    /// `https://`, verified as `--worker-tls-ca` says.
+    Https,
+}
+
 /// The worker-list group: the worker sources and discovery are built from it.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 #[command(next_help_heading = DISCOVERY_FLAGS)]
@@ -61,6 +70,11 @@ pub struct DiscoveryConfig {
     /// `/v1/models` has been read.
     #[arg(long, env = "SHOAL_DISCOVERY_MODEL_LABEL")]
     pub discovery_model_label: Option<String>,
+
+    /// Scheme of discovered engines [default: https for a port whose
+    /// appProtocol or name is `https`, else http].
+    #[arg(long, env = "SHOAL_DISCOVERY_SCHEME", value_enum)]
+    pub discovery_scheme: Option<DiscoveryScheme>,
 }
 
 impl DiscoveryConfig {
@@ -97,6 +111,7 @@ impl DiscoveryConfig {
                         "--discovery-model-label",
                         self.discovery_model_label.is_some(),
                     ),
+                    ("--discovery-scheme", self.discovery_scheme.is_some()),
                 ];
                 if let Some((flag, _)) = stray.iter().find(|(_, set)| *set) {
                     return Err(format!("{flag} needs --discovery kubernetes"));

@@ -39,7 +39,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 pub use admission::{ADMISSION_FLAGS, AdmissionConfig};
-pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind};
+pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind, DiscoveryScheme};
 pub use file::FileError;
 pub use front::{FRONT_FLAGS, FrontConfig};
 pub use load::{LOAD_FLAGS, LoadPollConfig, LoadSource};

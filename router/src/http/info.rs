@@ -94,29 +94,34 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Response {
         )
         .await;
         match answer {
-            Ok((status, body)) if status.is_success() => parse_model_list(&body),
+            // A list, or an answer that lists nothing.
+            Ok((status, body)) if status.is_success() => Some(
+                parse_model_list(&body)
+                    .map(|list| list.cards)
+                    .unwrap_or_default(),
+            ),
             _ => None,
         }
-        .map(|list| list.cards)
-        .unwrap_or_default()
     }))
     .await;
+    let read = available
+        .iter()
+        .filter(|w| *w.served() != Served::Unread)
+        .count();
+    let answered = read + fetched.iter().flatten().count();
     let mut merged: BTreeMap<String, Value> = BTreeMap::new();
     let cached: Vec<_> = available.iter().map(|w| w.model_cards()).collect();
     let cards = cached
         .iter()
         .flat_map(|c| c.iter())
-        .chain(fetched.iter().flatten());
+        .chain(fetched.iter().flatten().flatten());
     for card in cards {
         if let Some(id) = card.get("id").and_then(Value::as_str) {
             merged.entry(id.to_string()).or_insert_with(|| card.clone());
         }
     }
-    if merged.is_empty() {
-        return ApiError::bad_gateway(
-            "no available worker has listed its models yet (each /v1/models is read with its health checks)",
-        )
-        .into_response();
+    if answered == 0 {
+        return ApiError::bad_gateway("no available worker returned a model list").into_response();
     }
     Json(json!({"object": "list", "data": merged.into_values().collect::<Vec<_>>()}))
         .into_response()

@@ -126,8 +126,9 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn on_worker_removed(&self, _worker: &Worker) {}
 
     /// Upkeep the policy needs off the request path (e.g. prefix-tree
-    /// eviction), to be spawned once where the replica starts its other
-    /// background tasks. It runs until the replica stops.
+    /// eviction), spawned where the replica starts its other background
+    /// tasks. It runs until the replica stops; it is asked for again to
+    /// restart it after a panic, so each call must return a fresh task.
     fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
         None
     }

@@ -6,9 +6,13 @@
 //! change the whole store is turned into the set of endpoint URLs
 //! ([`ready_endpoints`]) and handed to [`WorkerSources::set_discovered`].
 //! What that guarantees:
-//! - only `ready` endpoints are routed; a terminating pod turns not-ready
-//!   (Kubernetes never reports a terminating endpoint ready), so it stops
-//!   getting new requests while its requests in flight finish;
+//! - only endpoints that are ready, serving and not terminating are
+//!   routed (with `publishNotReadyAddresses` every endpoint reads ready,
+//!   so `ready` alone would route terminating pods); a terminating pod
+//!   stops getting new requests while its requests in flight finish;
+//! - a slice that gives no worker at all (several ports and no
+//!   `--discovery-port`, the named port missing, FQDN addresses) is
+//!   warned about and counted in `shoal_discovery_skipped_slices{reason}`;
 //! - a watch that fails or ends is restarted with backoff; an expired
 //!   resourceVersion (410 Gone) or a lost stream of events forces a fresh
 //!   list, and the store is replaced whole when that list completes, so a
@@ -26,12 +30,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 
 use super::WorkerSources;
-use crate::config::DiscoveryConfig;
+use crate::config::{DiscoveryConfig, DiscoveryScheme};
 use crate::url::normalize_url;
 use crate::workers::Served;
 
@@ -62,42 +66,117 @@ impl PortChoice {
         }
     }
 
-    /// The port to use for the endpoints of `slice`, if it has one.
-    fn of(&self, slice: &EndpointSlice) -> Option<u16> {
+    /// The port to use for the endpoints of `slice` and its entry in the
+    /// slice (absent for a number not listed), or why there is none.
+    fn of<'s>(&self, slice: &'s EndpointSlice) -> Result<(u16, Option<&'s EndpointPort>), Skip> {
         let ports = slice.ports.as_deref().unwrap_or_default();
         let port = match self {
-            PortChoice::Number(n) => return Some(*n),
-            PortChoice::Named(name) => ports.iter().find(|p| p.name.as_deref() == Some(name))?,
+            PortChoice::Number(n) => {
+                let listed = ports.iter().find(|p| p.port == Some(i32::from(*n)));
+                return Ok((*n, listed));
+            }
+            PortChoice::Named(name) => ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name))
+                .ok_or(Skip::NoPort)?,
             PortChoice::Only => match ports {
                 [only] => only,
-                _ => return None,
+                [] => return Err(Skip::NoPort),
+                _ => return Err(Skip::AmbiguousPort),
             },
         };
-        port.port
+        let number = port
+            .port
             .and_then(|p| u16::try_from(p).ok())
             .filter(|p| *p > 0)
+            .ok_or(Skip::NoPort)?;
+        Ok((number, Some(port)))
     }
 }
 
-/// The worker URL of every Ready endpoint in `slices` (deduplicated: an
-/// endpoint may appear in two slices while they are rebalanced), with the
-/// model named by its slice's `model_label`, if any. FQDN slices and
-/// endpoints without a usable port are skipped.
+/// Why a whole slice gave no worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Skip {
+    /// Several ports and no `--discovery-port` to choose one.
+    AmbiguousPort,
+    /// The chosen port is not in the slice (or has no number).
+    NoPort,
+    /// FQDN addresses (not routed: they would need DNS per request).
+    AddressType,
+}
+
+impl Skip {
+    /// Every reason, for the gauge.
+    pub const ALL: [Skip; 3] = [Skip::AmbiguousPort, Skip::NoPort, Skip::AddressType];
+
+    /// The gauge's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Skip::AmbiguousPort => "ambiguous_port",
+            Skip::NoPort => "no_port",
+            Skip::AddressType => "address_type",
+        }
+    }
+}
+
+/// What the slices said: the workers, and the slices that gave none.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Discovered {
+    /// Worker URL → the model its slice's label names, if any.
+    pub endpoints: BTreeMap<String, Option<String>>,
+    /// Names of the slices skipped whole, by reason.
+    pub skipped: BTreeMap<Skip, Vec<String>>,
+}
+
+/// Whether an endpoint takes new requests: ready, serving and not
+/// terminating. `ready` alone is not enough: a Service with
+/// `publishNotReadyAddresses` reports every endpoint ready, terminating
+/// pods included; `serving` is the pod's own readiness there.
+fn routable(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
+    let Some(c) = &endpoint.conditions else {
+        return true;
+    };
+    c.ready.unwrap_or(true) && c.serving.unwrap_or(true) && !c.terminating.unwrap_or(false)
+}
+
+/// The worker URL of every routable endpoint (see [`routable`]) in
+/// `slices` (deduplicated: an endpoint may appear in two slices while they
+/// are rebalanced), with the model named by its slice's `model_label`, if
+/// any. The scheme is `scheme`, else https for a port whose appProtocol
+/// or name is `https`, else http. Slices that give no worker at all are
+/// listed by reason.
 pub fn ready_endpoints(
     slices: &[Arc<EndpointSlice>],
     port: &PortChoice,
+    scheme: Option<DiscoveryScheme>,
     model_label: Option<&str>,
-) -> BTreeMap<String, Option<String>> {
-    let mut out = BTreeMap::new();
+) -> Discovered {
+    let mut out = Discovered::default();
     for slice in slices {
+        let name = slice.metadata.name.clone().unwrap_or_default();
         let v6 = match slice.address_type.as_str() {
             "IPv4" => false,
             "IPv6" => true,
-            _ => continue,
+            _ => {
+                out.skipped.entry(Skip::AddressType).or_default().push(name);
+                continue;
+            }
         };
-        let Some(number) = port.of(slice) else {
-            continue;
+        let (number, listed) = match port.of(slice) {
+            Ok(found) => found,
+            Err(skip) => {
+                out.skipped.entry(skip).or_default().push(name);
+                continue;
+            }
         };
+        let tls = match scheme {
+            Some(DiscoveryScheme::Https) => true,
+            Some(DiscoveryScheme::Http) => false,
+            None => listed.is_some_and(|p| {
+                p.app_protocol.as_deref() == Some("https") || p.name.as_deref() == Some("https")
+            }),
+        };
+        let scheme = if tls { "https" } else { "http" };
         let model = model_label.and_then(|label| {
             slice
                 .metadata
@@ -107,13 +186,8 @@ pub fn ready_endpoints(
                 .filter(|m| !m.is_empty())
                 .cloned()
         });
-        for endpoint in &slice.endpoints {
-            let ready = endpoint
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(true);
-            let Some(address) = endpoint.addresses.first().filter(|_| ready) else {
+        for endpoint in slice.endpoints.iter().filter(|e| routable(e)) {
+            let Some(address) = endpoint.addresses.first() else {
                 continue;
             };
             let host = if v6 {
@@ -121,8 +195,8 @@ pub fn ready_endpoints(
             } else {
                 address.clone()
             };
-            if let Ok(url) = normalize_url(&format!("http://{host}:{number}")) {
-                out.entry(url).or_insert_with(|| model.clone());
+            if let Ok(url) = normalize_url(&format!("{scheme}://{host}:{number}")) {
+                out.endpoints.entry(url).or_insert_with(|| model.clone());
             }
         }
     }
@@ -177,15 +251,18 @@ pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
         .default_backoff()
         .reflect(writer);
     let mut events = std::pin::pin!(events);
+    let mut warned = BTreeMap::new();
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
                 let found = ready_endpoints(
                     &store.state(),
                     &port,
+                    config.discovery_scheme,
                     config.discovery_model_label.as_deref(),
                 );
-                apply(&sources, found);
+                report_skipped(&found.skipped, &mut warned);
+                apply(&sources, found.endpoints);
             }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Err(err) => {
@@ -214,6 +291,24 @@ fn apply(sources: &WorkerSources, found: BTreeMap<String, Option<String>>) {
             registry.set_served(worker, Served::models([model.as_str()]));
         }
     }
+}
+
+/// Sets the skipped-slices gauge and warns once per change of what is
+/// skipped (`warned` holds what was last warned about).
+fn report_skipped(skipped: &BTreeMap<Skip, Vec<String>>, warned: &mut BTreeMap<Skip, Vec<String>>) {
+    for reason in Skip::ALL {
+        let slices = skipped.get(&reason).map(Vec::as_slice).unwrap_or_default();
+        crate::telemetry::discovery_skipped_slices(reason.label(), slices.len());
+        if !slices.is_empty() && warned.get(&reason).map(Vec::as_slice) != Some(slices) {
+            let hint = match reason {
+                Skip::AmbiguousPort => "they list several ports: set --discovery-port",
+                Skip::NoPort => "they do not list the port --discovery-port names",
+                Skip::AddressType => "FQDN slices are not routed",
+            };
+            tracing::warn!(?slices, "EndpointSlices give no worker: {hint}");
+        }
+    }
+    *warned = skipped.clone();
 }
 
 /// A short label for a watch error (the metric's `kind`).

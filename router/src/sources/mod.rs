@@ -174,9 +174,12 @@ impl WorkerSources {
         done
     }
 
-    /// `POST /workers`: adds the (normalised) `url` fleet-wide.
+    /// `POST /workers`: adds the (normalised) `url` fleet-wide. A URL only
+    /// this replica seeds or discovers is added too (every replica then
+    /// routes it, as a `DELETE` of it removes it from every replica); one
+    /// an admin already added is [`AdminError::Exists`].
     pub fn add(&self, url: &str) -> Result<Arc<Worker>, AdminError> {
-        if self.desired().contains_key(url) {
+        if self.set.lock().get(url).is_some_and(|r| r.present) {
             return Err(AdminError::Exists(url.to_string()));
         }
         self.set

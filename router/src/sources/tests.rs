@@ -63,6 +63,24 @@ fn admin_writes_decide_over_seeds_and_later_writes_win() {
 }
 
 #[test]
+fn an_admin_add_of_a_seeded_url_is_a_fleet_wide_write_like_its_removal() {
+    let s = sources(&["http://seed:1"], HOUR);
+    let added = s.add("http://seed:1").unwrap();
+    assert_eq!(added.url(), "http://seed:1");
+    assert_eq!(
+        s.source_of("http://seed:1"),
+        Some(Source::Admin),
+        "now added for every replica, not only the one seeding it"
+    );
+    assert!(s.worker_set().lock().get("http://seed:1").unwrap().present);
+    assert_eq!(
+        s.add("http://seed:1").unwrap_err(),
+        AdminError::Exists("http://seed:1".into())
+    );
+    assert_eq!(routed(&s), ["http://seed:1"], "still one worker");
+}
+
+#[test]
 fn discovery_adds_and_removes_and_an_admin_removal_overrides_it() {
     let s = sources(&[], HOUR);
     let found: BTreeSet<String> = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
@@ -49,8 +50,10 @@ fn only_ready_endpoints_become_workers_and_duplicates_collapse() {
     let found = ready_endpoints(
         &slices,
         &PortChoice::Named("http".into()),
+        None,
         Some("shoal.io/model"),
-    );
+    )
+    .endpoints;
     let urls: Vec<&str> = found.keys().map(String::as_str).collect();
     assert_eq!(
         urls,
@@ -67,7 +70,8 @@ fn the_port_is_chosen_by_number_name_or_as_the_only_one() {
         vec![endpoint("10.0.0.1", Some(true), false)],
     )];
     let url = |choice: PortChoice| {
-        ready_endpoints(&slices, &choice, None)
+        ready_endpoints(&slices, &choice, None, None)
+            .endpoints
             .into_keys()
             .collect::<Vec<_>>()
     };
@@ -92,7 +96,7 @@ fn the_port_is_chosen_by_number_name_or_as_the_only_one() {
         "endpoints": [endpoint("fd00::1", Some(true), false)],
         "ports": [{"port": 8000}]
     }))];
-    let found = ready_endpoints(&single, &PortChoice::Only, Some("shoal.io/model"));
+    let found = ready_endpoints(&single, &PortChoice::Only, None, Some("shoal.io/model")).endpoints;
     assert_eq!(
         found.into_iter().collect::<Vec<_>>(),
         [("http://[fd00::1]:8000".to_string(), None)]
@@ -114,5 +118,78 @@ fn fqdn_slices_empty_slices_and_slices_without_ports_are_skipped() {
             "endpoints": [{"addresses": ["10.0.0.9"]}], "ports": [{"name": "all"}]}),
         ),
     ];
-    assert!(ready_endpoints(&slices, &PortChoice::Only, None).is_empty());
+    let found = ready_endpoints(&slices, &PortChoice::Only, None, None);
+    assert!(found.endpoints.is_empty());
+    assert_eq!(
+        found.skipped,
+        BTreeMap::from([
+            (Skip::NoPort, vec!["e".to_string(), "p".to_string()]),
+            (Skip::AddressType, vec!["f".to_string()]),
+        ]),
+        "every slice that gave nothing is named with its reason"
+    );
+    let two_ports = [vllm_slice(
+        "two",
+        vec![endpoint("10.0.0.1", Some(true), false)],
+    )];
+    let found = ready_endpoints(&two_ports, &PortChoice::Only, None, None);
+    assert_eq!(
+        found.skipped,
+        BTreeMap::from([(Skip::AmbiguousPort, vec!["two".to_string()])])
+    );
+}
+
+#[test]
+fn with_publish_not_ready_addresses_serving_and_terminating_decide() {
+    // Such a Service reports every endpoint ready; `serving` carries the
+    // pod's readiness and `terminating` its shutdown.
+    let conditions = |serving: bool, terminating: bool| {
+        serde_json::json!({"addresses": [format!("10.0.1.{}", 1 + serving as u8 + 2 * terminating as u8)],
+            "conditions": {"ready": true, "serving": serving, "terminating": terminating}})
+    };
+    let slices = [vllm_slice(
+        "pnra",
+        vec![
+            conditions(true, false),
+            conditions(false, false),
+            conditions(true, true),
+        ],
+    )];
+    let found = ready_endpoints(&slices, &PortChoice::Number(8000), None, None).endpoints;
+    assert_eq!(
+        found.into_keys().collect::<Vec<_>>(),
+        ["http://10.0.1.2:8000"],
+        "only the serving, non-terminating endpoint"
+    );
+}
+
+#[test]
+fn https_comes_from_the_port_or_the_flag() {
+    let tls = [slice(serde_json::json!({
+        "metadata": {"name": "t"}, "addressType": "IPv4",
+        "endpoints": [endpoint("10.0.2.1", Some(true), false)],
+        "ports": [{"name": "api", "port": 8443, "appProtocol": "https"}]
+    }))];
+    let url = |scheme| {
+        ready_endpoints(&tls, &PortChoice::Only, scheme, None)
+            .endpoints
+            .into_keys()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(url(None), ["https://10.0.2.1:8443"], "appProtocol https");
+    assert_eq!(url(Some(DiscoveryScheme::Http)), ["http://10.0.2.1:8443"]);
+    let plain = [vllm_slice(
+        "p",
+        vec![endpoint("10.0.2.2", Some(true), false)],
+    )];
+    let forced = ready_endpoints(
+        &plain,
+        &PortChoice::Named("http".into()),
+        Some(DiscoveryScheme::Https),
+        None,
+    );
+    assert_eq!(
+        forced.endpoints.into_keys().collect::<Vec<_>>(),
+        ["https://10.0.2.2:8000"]
+    );
 }
