@@ -21,7 +21,7 @@ use crate::identity::{Incarnation, unix_micros};
 use crate::outbox::Outbox;
 use crate::registry::Registry;
 use crate::sightings::SightingExchange;
-use crate::slot::{PollStamp, RemoteView, SnapshotView, WorkerEntry};
+use crate::slot::{Dispatched, HistoryWindow, PollStamp, RemoteView, SnapshotView, WorkerEntry};
 use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
@@ -98,6 +98,9 @@ pub(crate) struct Core {
     /// Shortest gap between pushes on change and the most pushes per
     /// second over all links: the bell's gap follows the link count.
     pub(crate) push_pacing: (Duration, u32),
+    /// How far back, and how finely, each worker's own dispatch history
+    /// is kept (see `slot::DispatchHistory`).
+    pub(crate) history: HistoryWindow,
     /// Flipped once on graceful shutdown: every session says `Bye`.
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// Bumped when own slots changed (see `bell`): every link pushes.
@@ -147,6 +150,7 @@ impl Core {
                 Duration::from_millis(crate::config::DEFAULT_PUSH_MIN_GAP_MS),
                 crate::config::DEFAULT_MAX_PUSH_RATE,
             ),
+            history: HistoryWindow::new(crate::config::DEFAULT_DISPATCH_HISTORY),
             shutdown: tokio::sync::watch::Sender::new(false),
             changes,
             worker_set,
@@ -387,16 +391,18 @@ impl Core {
         let Some(entry) = self.registry.get(key) else {
             return;
         };
-        let base = entry.history().at(polled_at);
-        match base {
-            Some(base) => {
-                entry.own.rebase(base, polled_at);
-                entry.changed();
+        // A poll time behind this clock by more than the history reaches
+        // (a poller's clock behind, a very slow poll) is taken as the
+        // history's start: the count stays within the window's work.
+        let base = match entry.history().at(polled_at) {
+            Dispatched::Then(base) => base,
+            Dispatched::Oldest(base) => {
+                self.telemetry.rebase_history_short();
+                base
             }
-            // The history does not reach back to the poll: keep counting
-            // from the older snapshot (an over-estimate, never an under-).
-            None => self.telemetry.rebase_history_short(),
-        }
+        };
+        entry.own.rebase(base, polled_at);
+        entry.changed();
     }
 
     /// Stores a snapshot this node polled (as the LWW poller) and returns

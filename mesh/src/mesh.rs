@@ -210,6 +210,7 @@ impl Mesh {
             config.anti_entropy_interval,
         );
         core.push_pacing = (config.push_min_gap, config.max_push_rate);
+        core.history = crate::slot::HistoryWindow::new(config.dispatch_history);
         #[cfg(feature = "testsuite")]
         {
             core.tap = config.tap.clone();
@@ -436,6 +437,12 @@ impl Mesh {
     /// that read it often, like the scale benchmark).
     pub fn traffic(&self) -> TrafficStatus {
         self.core.telemetry.status()
+    }
+
+    /// How many frames, links and entries were dropped, by reason (what
+    /// `/mesh/status` shows as `dropped_by_reason`).
+    pub fn dropped_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
+        status::dropped_by_reason(&self.core)
     }
 
     /// The `/mesh/status` view.

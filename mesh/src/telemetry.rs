@@ -8,12 +8,13 @@
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
 //! `shoal_mesh_link_resyncs_total`, `shoal_mesh_sightings_received_total`,
-//! `shoal_mesh_sightings_dropped_total` (counters);
+//! `shoal_mesh_sightings_dropped_total`, `shoal_mesh_poll_times_clamped_total`,
+//! `shoal_mesh_rebase_history_short_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,6 +34,9 @@ pub(crate) struct Telemetry {
     gossip_bytes_sent: AtomicU64,
     gossip_bytes_received: AtomicU64,
     link_wire_bytes: AtomicU64,
+    rebase_history_short: AtomicU64,
+    /// `frames_dropped` by reason (reasons are a fixed set of labels).
+    drops: Mutex<BTreeMap<&'static str, u64>>,
     lag_us: Mutex<VecDeque<u64>>,
 }
 
@@ -56,6 +60,9 @@ pub struct TrafficStatus {
     /// UDP bytes (both ways, QUIC headers, ACKs and keep-alives included)
     /// of this node's outbound load links.
     pub link_wire_bytes: u64,
+    /// Peer snapshots older than the own dispatch history reaches: the own
+    /// count was rebased to the history's oldest sample instead.
+    pub rebase_history_short: u64,
     /// Median convergence lag over the recent frames, ms.
     pub convergence_lag_p50_ms: Option<f64>,
     /// 99th percentile of the same, ms.
@@ -92,7 +99,15 @@ impl Telemetry {
     /// Counts one dropped frame, refused connection or bad entry.
     pub(crate) fn dropped(&self, reason: &'static str) {
         self.frames_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut drops) = self.drops.lock() {
+            *drops.entry(reason).or_default() += 1;
+        }
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(1);
+    }
+
+    /// The drops so far, by reason.
+    pub(crate) fn drops(&self) -> BTreeMap<&'static str, u64> {
+        self.drops.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
     pub(crate) fn gossip_sent(&self, bytes: usize) {
@@ -128,9 +143,10 @@ impl Telemetry {
         metrics::counter!("shoal_mesh_poll_times_clamped_total").increment(1);
     }
 
-    /// A peer's snapshot arrived later than the own dispatch history
-    /// reaches: the own count keeps its older base (an over-estimate).
+    /// A peer's snapshot is older than the own dispatch history reaches:
+    /// the own count was rebased to the oldest sample the history holds.
     pub(crate) fn rebase_history_short(&self) {
+        self.rebase_history_short.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("shoal_mesh_rebase_history_short_total").increment(1);
     }
 
@@ -164,6 +180,7 @@ impl Telemetry {
             gossip_bytes_sent: self.gossip_bytes_sent.load(Ordering::Relaxed),
             gossip_bytes_received: self.gossip_bytes_received.load(Ordering::Relaxed),
             link_wire_bytes: self.link_wire_bytes.load(Ordering::Relaxed),
+            rebase_history_short: self.rebase_history_short.load(Ordering::Relaxed),
             convergence_lag_p50_ms: p50,
             convergence_lag_p99_ms: p99,
         }
@@ -268,8 +285,9 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "shoal_mesh_rebase_history_short_total",
-        "Peer snapshots learned later than this replica's dispatch history reaches back."
+        "Peer snapshots older than this replica's dispatch history reaches: its own work since the poll was counted from the history's oldest sample (bounded by the history's span)."
     );
+
     describe_gauge!(
         "shoal_mesh_stale_basis_tokens",
         "Largest per-worker work-since-poll that peers count from an older snapshot than this replica's: how far replicas disagree on dispatched_since_poll."
