@@ -305,7 +305,11 @@ impl Core {
     ) {
         let mut polls: Vec<(Arc<str>, bool)> = Vec::with_capacity(update.keys.len());
         for def in update.keys {
+            // A refused definition unbinds the id: the sender no longer
+            // means the key it named before, so entries for the id are
+            // dropped (counted) until a definition is accepted.
             if def.key.is_empty() || def.key.len() > MAX_KEY_BYTES {
+                dict.remove(&def.id);
                 self.telemetry.dropped("bad_key");
                 continue;
             }
@@ -314,7 +318,10 @@ impl Core {
                     dict.insert(def.id, entry.key.clone());
                     polls.push((entry.key.clone(), def.polled));
                 }
-                None => self.telemetry.dropped("too_many_keys"),
+                None => {
+                    dict.remove(&def.id);
+                    self.telemetry.dropped("too_many_keys");
+                }
             }
         }
         let clock = Clock::now();
