@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shoal_proto::LoadCounts;
+use shoal_proto::frame_size::{EncodedLenBound, FRAME_TARGET_BYTES, chunks_by_size};
 use shoal_proto::frames::{
     BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetFrame,
     encode_prefixed,
@@ -47,9 +48,6 @@ pub(crate) const ROUNDS_BUFFERED: usize = 1024;
 /// One round in this many carries the read time the receiver's lag
 /// histogram needs (0, one byte on the wire, in the others).
 const LAG_SAMPLE_EVERY: u64 = 8;
-
-/// Entries per update frame, so a large round never nears the frame limit.
-const ENTRIES_PER_FRAME: usize = 1024;
 
 /// What the peers were told about one wire id.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +98,17 @@ impl Ledger {
         self.told[id] = Some(told);
     }
 
+    /// Where the rolling refresh stands, to undo a round that failed.
+    fn refresh_state(&self) -> (usize, f64, Option<Instant>) {
+        (self.refresh_at, self.refresh_owed, self.last_round_at)
+    }
+
+    fn restore_refresh(&mut self, (at, owed, last): (usize, f64, Option<Instant>)) {
+        self.refresh_at = at;
+        self.refresh_owed = owed;
+        self.last_round_at = last;
+    }
+
     /// How many entries this round's refresh re-sends, and from where.
     fn refresh_slice(&mut self, now: Instant, live: usize, every: Duration) -> (usize, usize) {
         let owed = match self.last_round_at {
@@ -140,44 +149,67 @@ pub(crate) struct Round {
     pub(crate) frames: Vec<Vec<u8>>,
 }
 
-/// Update frames being filled, split every [`ENTRIES_PER_FRAME`] entries.
+/// Update frames being filled, split by the entries' encoded size (see
+/// `shoal_proto::frame_size`): a worker's entries stay in one frame, so a
+/// key definition always travels with, or before, the entries using it.
 #[derive(Default)]
 struct Batch {
     done: Vec<Update>,
     cur: Update,
+    /// Bound of the bytes of `cur`'s entries.
+    cur_bytes: usize,
 }
 
 impl Batch {
+    fn key(&mut self, def: KeyDef) {
+        self.cur_bytes += def.encoded_len_bound();
+        self.cur.keys.push(def);
+    }
+
+    fn slot(&mut self, slot: SlotEntry) {
+        self.cur_bytes += slot.encoded_len_bound();
+        self.cur.slots.push(slot);
+    }
+
+    fn basis(&mut self, basis: BasisEntry) {
+        self.cur_bytes += basis.encoded_len_bound();
+        self.cur.bases.push(basis);
+    }
+
+    fn snapshot(&mut self, snapshot: SnapshotEntry) {
+        self.cur_bytes += snapshot.encoded_len_bound();
+        self.cur.snapshots.push(snapshot);
+    }
+
+    /// One worker's entries are in: start a new frame if this one is full.
     fn entry_done(&mut self) {
-        let cur = &self.cur;
-        if cur.keys.len() + cur.slots.len() + cur.bases.len() + cur.snapshots.len()
-            >= ENTRIES_PER_FRAME
-        {
+        if self.cur_bytes >= FRAME_TARGET_BYTES {
             self.done.push(std::mem::take(&mut self.cur));
+            self.cur_bytes = 0;
         }
     }
 
     /// Every entry of `told` for `entry` (a ledger copy or a refresh).
     fn all_of(&mut self, entry: &WorkerEntry, told: &Told) {
-        self.cur.keys.push(KeyDef {
+        self.key(KeyDef {
             id: entry.id,
             key: entry.key.to_string(),
             polled: told.polled,
         });
         if let Some(counts) = told.slot {
-            self.cur.slots.push(SlotEntry {
+            self.slot(SlotEntry {
                 id: entry.id,
                 counts,
             });
             if told.basis_ms > 0 {
-                self.cur.bases.push(BasisEntry {
+                self.basis(BasisEntry {
                     id: entry.id,
                     polled_at_unix_ms: told.basis_ms,
                 });
             }
         }
         if let Some((_, s)) = told.snapshot {
-            self.cur.snapshots.push(snapshot_entry(entry.id, &s));
+            self.snapshot(snapshot_entry(entry.id, &s));
         }
         self.entry_done();
     }
@@ -212,11 +244,10 @@ fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
 }
 
 /// The whole worker set as frames (it is small and changes rarely, so a
-/// change resends it whole).
+/// change resends it whole), split by size.
 fn worker_set_frames(core: &Core) -> Result<Vec<Vec<u8>>, FrameError> {
     let entries = core.worker_set.lock().to_entries();
-    entries
-        .chunks(ENTRIES_PER_FRAME)
+    chunks_by_size(&entries)
         .map(|chunk| {
             encode_prefixed(&Frame::Workers(WorkerSetFrame {
                 entries: chunk.to_vec(),
@@ -270,19 +301,22 @@ impl Outbox {
 
     /// Builds the next round — what changed since the last one, plus the
     /// refresh slice — and hands it to every link. Rounds with nothing in
-    /// them are not sent (they still take a sequence number).
+    /// them are not sent (they still take a sequence number). The ledger
+    /// records only what was encoded: if encoding fails, the round's
+    /// changes stay flagged for the next one.
     pub(crate) fn round(&self, core: &Core) -> Result<(), FrameError> {
         let mut ledger = self.lock();
         let entries = core.registry.list();
-        let now = Instant::now();
+        let refresh_before = ledger.refresh_state();
         let (refresh_start, refresh_count) =
-            ledger.refresh_slice(now, entries.len(), self.refresh_every);
+            ledger.refresh_slice(Instant::now(), entries.len(), self.refresh_every);
         let refreshed = |pos: usize| {
             let live = entries.len().max(1);
             (pos + live - refresh_start % live) % live < refresh_count
         };
         let read_at = unix_micros();
         let mut batch = Batch::default();
+        let mut told_now: Vec<(&WorkerEntry, Told)> = Vec::new();
         for (pos, entry) in entries.iter().enumerate() {
             if entry.id == u32::MAX {
                 continue;
@@ -297,42 +331,71 @@ impl Outbox {
             match (changed, prev) {
                 (Some(next), _) => {
                     emit_changes(&mut batch, entry, prev.as_ref(), &next);
-                    ledger.set(entry, next);
+                    told_now.push((entry, next));
                 }
                 (None, Some(told)) if refreshed(pos) => batch.all_of(entry, &told),
                 _ => {}
             }
         }
         let set_version = core.worker_set.version();
-        let set_frames = if ledger.set_version == Some(set_version) {
-            Vec::new()
-        } else {
-            ledger.set_version = Some(set_version);
-            worker_set_frames(core)?
+        let encoded = self.encode_round(core, &ledger, batch, set_version);
+        let (mut frames, round) = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                for (entry, _) in &told_now {
+                    entry.keep_changed();
+                }
+                ledger.restore_refresh(refresh_before);
+                return Err(e);
+            }
         };
-        ledger.seq += 1;
-        let seq = ledger.seq;
-        let mut frames = Vec::new();
-        if !batch.is_empty() {
-            let round = core.round.fetch_add(1, Ordering::Relaxed) + 1;
-            // The lag histogram needs one sample in a few rounds, not
-            // eight bytes in every one.
-            let prev_read = if round.is_multiple_of(LAG_SAMPLE_EVERY) {
-                ledger.last_read_us
-            } else {
-                0
-            };
-            frames = batch.encode(round, prev_read)?;
+        for (entry, next) in told_now {
+            ledger.set(entry, next);
+        }
+        if let Some(round) = round {
             ledger.round = round;
         }
+        ledger.set_version = Some(set_version);
         ledger.last_read_us = read_at;
-        frames.extend(set_frames);
+        ledger.seq += 1;
+        let seq = ledger.seq;
+        // Sightings are outside the ledger (taken from their queue here).
         frames.extend(core.sightings.frames()?);
         if !frames.is_empty() {
             // No receiver (no link up) is not an error: the ledger holds it.
             let _ = self.rounds.send(Arc::new(Round { seq, frames }));
         }
         Ok(())
+    }
+
+    /// The frames of a round: its updates (stamped with a new wire round
+    /// if there are any, returned with it) and the worker set if its
+    /// version moved. Changes nothing in the ledger.
+    fn encode_round(
+        &self,
+        core: &Core,
+        ledger: &Ledger,
+        batch: Batch,
+        set_version: u64,
+    ) -> Result<(Vec<Vec<u8>>, Option<u64>), FrameError> {
+        let mut frames = Vec::new();
+        let mut round = None;
+        if !batch.is_empty() {
+            let next = core.round.fetch_add(1, Ordering::Relaxed) + 1;
+            // The lag histogram needs one sample in a few rounds, not
+            // eight bytes in every one.
+            let prev_read = if next.is_multiple_of(LAG_SAMPLE_EVERY) {
+                ledger.last_read_us
+            } else {
+                0
+            };
+            frames = batch.encode(next, prev_read)?;
+            round = Some(next);
+        }
+        if ledger.set_version != Some(set_version) {
+            frames.extend(worker_set_frames(core)?);
+        }
+        Ok((frames, round))
     }
 }
 
@@ -374,7 +437,7 @@ fn changes(entry: &WorkerEntry, prev: Option<&Told>) -> Option<Told> {
 /// The entries that tell a peer holding `prev` what `next` says.
 fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, next: &Told) {
     if prev.is_none_or(|p| p.polled != next.polled) {
-        batch.cur.keys.push(KeyDef {
+        batch.key(KeyDef {
             id: entry.id,
             key: entry.key.to_string(),
             polled: next.polled,
@@ -383,13 +446,13 @@ fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, nex
     if let Some(counts) = next.slot
         && prev.is_none_or(|p| p.slot != next.slot)
     {
-        batch.cur.slots.push(SlotEntry {
+        batch.slot(SlotEntry {
             id: entry.id,
             counts,
         });
     }
     if next.basis_ms > 0 && prev.is_none_or(|p| p.basis_ms != next.basis_ms) {
-        batch.cur.bases.push(BasisEntry {
+        batch.basis(BasisEntry {
             id: entry.id,
             polled_at_unix_ms: next.basis_ms,
         });
@@ -397,7 +460,7 @@ fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, nex
     if let Some((seq, s)) = next.snapshot
         && prev.is_none_or(|p| p.snapshot.map(|x| x.0) != Some(seq))
     {
-        batch.cur.snapshots.push(snapshot_entry(entry.id, &s));
+        batch.snapshot(snapshot_entry(entry.id, &s));
     }
     batch.entry_done();
 }

@@ -265,6 +265,12 @@ impl WorkerEntry {
         self.bell.ring();
     }
 
+    /// Sets the change flag again without ringing: a round that could not
+    /// send what it read leaves it for the next round.
+    pub(crate) fn keep_changed(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
     /// Clears the change flag; true if it was set.
     pub(crate) fn take_changed(&self) -> bool {
         self.dirty.load(Ordering::Relaxed) && self.dirty.swap(false, Ordering::AcqRel)
