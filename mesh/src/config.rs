@@ -144,6 +144,11 @@ pub struct MeshConfig {
     /// Test hook: sees every received update before it is merged.
     #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
+    /// Test hook: the wall clock (µs since the Unix epoch) the worker set
+    /// stamps writes and judges peers' stamps with, so a test can run a
+    /// replica whose clock is behind or ahead.
+    #[cfg(feature = "testsuite")]
+    pub worker_set_clock: Option<crate::worker_set::WallClock>,
     /// Test hook: start even with a certificate that does not name this
     /// node (to stand in for a hostile peer; peers must refuse it).
     #[cfg(feature = "testsuite")]
@@ -236,6 +241,8 @@ impl MeshConfig {
             ownership_hash_version: crate::ownership::OWNERSHIP_HASH_VERSION,
             #[cfg(feature = "testsuite")]
             allow_unnamed_certificate: false,
+            #[cfg(feature = "testsuite")]
+            worker_set_clock: None,
         }
     }
 

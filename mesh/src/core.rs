@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use shoal_proto::frames::{MAX_KEY_BYTES, Update};
+use shoal_proto::frames::{MAX_KEY_BYTES, Update, WorkerSetEntry};
 use shoal_proto::{EngineKind, EngineLoad};
 
 use crate::identity::{Incarnation, unix_micros};
@@ -26,7 +26,7 @@ use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
-use crate::worker_set::SharedWorkerSet;
+use crate::worker_set::{Sender, SharedWorkerSet, WallClock, WorkerSet};
 
 /// What chitchat says about one incarnation (hints only: unauthenticated).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +105,7 @@ pub(crate) struct Core {
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// Bumped when own slots changed (see `bell`): every link pushes.
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
-    /// The fleet-wide worker set; its changes ring `changes` too.
+    /// The fleet-wide worker set; this node's writes ring `changes` too.
     pub(crate) worker_set: SharedWorkerSet,
     /// What the peers were told, and the rounds every link sends.
     pub(crate) outbox: Outbox,
@@ -129,11 +129,18 @@ impl Core {
         forget_after: Duration,
         worker_removal_ttl: Duration,
         refresh_every: Duration,
+        clock: WallClock,
     ) -> Self {
         let members = vec![me.name.clone()];
         let changes = Arc::new(tokio::sync::watch::Sender::new(0));
-        let worker_set =
-            SharedWorkerSet::with_bell(me.name.clone(), worker_removal_ttl, Some(changes.clone()));
+        // The generation is this run's start (µs): entries in its own name
+        // stamped before it are a previous run's, which peers relay back.
+        let worker_set = SharedWorkerSet::meshed(
+            WorkerSet::new(me.name.clone()).started_at(me.generation),
+            worker_removal_ttl,
+            changes.clone(),
+            clock,
+        );
         Self {
             me,
             cluster_id,
@@ -156,6 +163,20 @@ impl Core {
             worker_set,
             outbox: Outbox::new(refresh_every),
             sightings: Arc::default(),
+        }
+    }
+
+    /// Merges worker-set entries `from` sent, judging their origins
+    /// against the live verified members; refusals are counted by reason.
+    pub(crate) fn merge_workers(&self, from: &Incarnation, entries: &[WorkerSetEntry]) {
+        let members = self.members.load();
+        let live = |name: &str| members.binary_search_by(|m| (**m).cmp(name)).is_ok();
+        let sender = Sender {
+            name: &from.name,
+            is_live_peer: &live,
+        };
+        for refused in self.worker_set.merge_from(&sender, entries) {
+            self.telemetry.dropped(refused.reason());
         }
     }
 

@@ -34,6 +34,7 @@ mod registry;
 mod session;
 mod sightings;
 mod slot;
+mod stable_hash;
 pub mod state;
 mod status;
 #[cfg(feature = "testsuite")]
@@ -43,6 +44,7 @@ mod timings;
 pub mod tls;
 mod totals;
 mod wire;
+mod worker_frames;
 pub mod worker_set;
 
 pub use config::{

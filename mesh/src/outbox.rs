@@ -3,8 +3,10 @@
 //!
 //! A round (on a bell announcement, at most one per push gap, and at least
 //! every sync interval) reads the entries whose change flag is set, the
-//! polled flags, snapshots and the worker set, compares them with the
-//! ledger and encodes what changed once; every link writes the same bytes.
+//! polled flags and snapshots, compares them with the ledger and encodes
+//! what changed once, with this node's own worker-set writes since the
+//! last round (and, once per anti-entropy interval, the worker-set digest:
+//! see `worker_set`); every link writes the same bytes.
 //! A round costs one read per changed entry and one encode whatever the
 //! number of peers. (Before, each link read every key and encoded its own
 //! frames for every push: at 64 replicas a change cost 63 walks of every
@@ -29,9 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shoal_proto::LoadCounts;
-use shoal_proto::frame_size::{EncodedLenBound, FRAME_TARGET_BYTES, chunks_by_size};
+use shoal_proto::frame_size::{EncodedLenBound, FRAME_TARGET_BYTES};
 use shoal_proto::frames::{
-    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetFrame,
+    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetEntry,
     encode_prefixed,
 };
 use tokio::sync::broadcast;
@@ -40,6 +42,7 @@ use crate::core::Core;
 use crate::identity::unix_micros;
 use crate::slot::WorkerEntry;
 use crate::state::SnapshotValue;
+use crate::worker_frames;
 
 /// Rounds a link may fall behind before it is sent the ledger instead (at
 /// the shortest push gap, about four seconds of rounds).
@@ -72,8 +75,9 @@ struct Ledger {
     round: u64,
     /// When the last round read the slots (µs since the Unix epoch).
     last_read_us: u64,
-    /// Worker-set version the rounds last carried.
-    set_version: Option<u64>,
+    /// When the last worker-set digest went out (or the first round was
+    /// built): the next is due an anti-entropy interval later.
+    digest_since: Option<Instant>,
     /// Registry position the rolling refresh continues from.
     refresh_at: usize,
     /// Entries the refresh owes (fractional, carried between rounds).
@@ -147,6 +151,28 @@ pub(crate) struct Round {
     pub(crate) seq: u64,
     /// Length-prefixed frames, encoded once.
     pub(crate) frames: Vec<Vec<u8>>,
+    /// Bytes of those that are worker-set frames (for the byte counter).
+    pub(crate) set_bytes: usize,
+}
+
+/// What a new (or resynced) link is sent first.
+#[derive(Debug)]
+pub(crate) struct LedgerCopy {
+    /// The ledger's frames, then the whole worker set's.
+    pub(crate) frames: Vec<Vec<u8>>,
+    /// Bytes of the worker-set frames among them.
+    pub(crate) set_bytes: usize,
+    /// The sequence after which the link's rounds continue.
+    pub(crate) upto: u64,
+}
+
+/// A round's frames before they are sent.
+struct Encoded {
+    frames: Vec<Vec<u8>>,
+    set_bytes: usize,
+    /// The wire round of its updates, if it has any.
+    round: Option<u64>,
+    digest_sent: bool,
 }
 
 /// Update frames being filled, split by the entries' encoded size (see
@@ -243,19 +269,6 @@ fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
     }
 }
 
-/// The whole worker set as frames (it is small and changes rarely, so a
-/// change resends it whole), split by size.
-fn worker_set_frames(core: &Core) -> Result<Vec<Vec<u8>>, FrameError> {
-    let entries = core.worker_set.lock().to_entries();
-    chunks_by_size(&entries)
-        .map(|chunk| {
-            encode_prefixed(&Frame::Workers(WorkerSetFrame {
-                entries: chunk.to_vec(),
-            }))
-        })
-        .collect()
-}
-
 /// The node's ledger and its stream of rounds.
 #[derive(Debug)]
 pub(crate) struct Outbox {
@@ -283,10 +296,16 @@ impl Outbox {
         self.rounds.subscribe()
     }
 
+    /// Every entry of the ledger is re-sent once per this interval, and
+    /// the worker-set digest goes out as often.
+    pub(crate) fn refresh_every(&self) -> Duration {
+        self.refresh_every
+    }
+
     /// What every peer was told as of the last round, as frames in that
-    /// round's number, with the worker set; and the sequence after which
-    /// the link's rounds continue.
-    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<(Vec<Vec<u8>>, u64), FrameError> {
+    /// round's number, with the whole worker set (whatever this node's
+    /// rounds carry later is newer or the same).
+    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<LedgerCopy, FrameError> {
         let ledger = self.lock();
         let mut batch = Batch::default();
         for entry in core.registry.list().iter() {
@@ -295,8 +314,13 @@ impl Outbox {
             }
         }
         let mut frames = batch.encode(ledger.round, 0)?;
-        frames.extend(worker_set_frames(core)?);
-        Ok((frames, ledger.seq))
+        let set = worker_frames::entries(&core.worker_set.lock().to_entries())?;
+        frames.extend(set.frames);
+        Ok(LedgerCopy {
+            frames,
+            set_bytes: set.bytes,
+            upto: ledger.seq,
+        })
     }
 
     /// Builds the next round — what changed since the last one, plus the
@@ -337,14 +361,18 @@ impl Outbox {
                 _ => {}
             }
         }
-        let set_version = core.worker_set.version();
-        let encoded = self.encode_round(core, &ledger, batch, set_version);
-        let (mut frames, round) = match encoded {
+        let now = Instant::now();
+        let digest_since = *ledger.digest_since.get_or_insert(now);
+        let digest_due = now.saturating_duration_since(digest_since) >= self.refresh_every;
+        let own_writes = core.worker_set.lock().take_own_changes();
+        let encoded = self.encode_round(core, &ledger, batch, &own_writes, digest_due);
+        let encoded = match encoded {
             Ok(encoded) => encoded,
             Err(e) => {
                 for (entry, _) in &told_now {
                     entry.keep_changed();
                 }
+                core.worker_set.lock().restore_own_changes(&own_writes);
                 ledger.restore_refresh(refresh_before);
                 return Err(e);
             }
@@ -352,32 +380,40 @@ impl Outbox {
         for (entry, next) in told_now {
             ledger.set(entry, next);
         }
-        if let Some(round) = round {
+        if let Some(round) = encoded.round {
             ledger.round = round;
         }
-        ledger.set_version = Some(set_version);
+        if encoded.digest_sent {
+            ledger.digest_since = Some(now);
+        }
         ledger.last_read_us = read_at;
         ledger.seq += 1;
         let seq = ledger.seq;
+        let mut frames = encoded.frames;
         // Sightings are outside the ledger (taken from their queue here).
         frames.extend(core.sightings.frames()?);
         if !frames.is_empty() {
             // No receiver (no link up) is not an error: the ledger holds it.
-            let _ = self.rounds.send(Arc::new(Round { seq, frames }));
+            let _ = self.rounds.send(Arc::new(Round {
+                seq,
+                frames,
+                set_bytes: encoded.set_bytes,
+            }));
         }
         Ok(())
     }
 
     /// The frames of a round: its updates (stamped with a new wire round
-    /// if there are any, returned with it) and the worker set if its
-    /// version moved. Changes nothing in the ledger.
+    /// if there are any), this node's own worker-set writes, and the
+    /// digest when it is due. Changes nothing in the ledger.
     fn encode_round(
         &self,
         core: &Core,
         ledger: &Ledger,
         batch: Batch,
-        set_version: u64,
-    ) -> Result<(Vec<Vec<u8>>, Option<u64>), FrameError> {
+        own_writes: &[WorkerSetEntry],
+        digest_due: bool,
+    ) -> Result<Encoded, FrameError> {
         let mut frames = Vec::new();
         let mut round = None;
         if !batch.is_empty() {
@@ -392,10 +428,17 @@ impl Outbox {
             frames = batch.encode(next, prev_read)?;
             round = Some(next);
         }
-        if ledger.set_version != Some(set_version) {
-            frames.extend(worker_set_frames(core)?);
+        let mut set = worker_frames::entries(own_writes)?;
+        if digest_due {
+            set.extend(worker_frames::digest(core.worker_set.lock().digest())?);
         }
-        Ok((frames, round))
+        frames.extend(set.frames);
+        Ok(Encoded {
+            frames,
+            set_bytes: set.bytes,
+            round,
+            digest_sent: digest_due,
+        })
     }
 }
 

@@ -9,7 +9,8 @@
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
 //! `shoal_mesh_link_resyncs_total`, `shoal_mesh_sightings_received_total`,
 //! `shoal_mesh_sightings_dropped_total`, `shoal_mesh_poll_times_clamped_total`,
-//! `shoal_mesh_rebase_history_short_total` (counters);
+//! `shoal_mesh_rebase_history_short_total`,
+//! `shoal_mesh_worker_set_bytes_sent_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
@@ -34,6 +35,7 @@ pub(crate) struct Telemetry {
     gossip_bytes_sent: AtomicU64,
     gossip_bytes_received: AtomicU64,
     link_wire_bytes: AtomicU64,
+    worker_set_bytes_sent: AtomicU64,
     rebase_history_short: AtomicU64,
     /// `frames_dropped` by reason (reasons are a fixed set of labels).
     drops: Mutex<BTreeMap<&'static str, u64>>,
@@ -60,6 +62,9 @@ pub struct TrafficStatus {
     /// UDP bytes (both ways, QUIC headers, ACKs and keep-alives included)
     /// of this node's outbound load links.
     pub link_wire_bytes: u64,
+    /// Worker-set frame bytes sent (own writes, whole sets to new links,
+    /// digests and repairs), summed over links.
+    pub worker_set_bytes_sent: u64,
     /// Peer snapshots older than the own dispatch history reaches: the own
     /// count was rebased to the history's oldest sample instead.
     pub rebase_history_short: u64,
@@ -103,6 +108,16 @@ impl Telemetry {
             *drops.entry(reason).or_default() += 1;
         }
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(1);
+    }
+
+    /// Counts worker-set bytes written on one link.
+    pub(crate) fn worker_set_sent(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        self.worker_set_bytes_sent
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_worker_set_bytes_sent_total").increment(bytes as u64);
     }
 
     /// The drops so far, by reason.
@@ -180,6 +195,7 @@ impl Telemetry {
             gossip_bytes_sent: self.gossip_bytes_sent.load(Ordering::Relaxed),
             gossip_bytes_received: self.gossip_bytes_received.load(Ordering::Relaxed),
             link_wire_bytes: self.link_wire_bytes.load(Ordering::Relaxed),
+            worker_set_bytes_sent: self.worker_set_bytes_sent.load(Ordering::Relaxed),
             rebase_history_short: self.rebase_history_short.load(Ordering::Relaxed),
             convergence_lag_p50_ms: p50,
             convergence_lag_p99_ms: p99,
@@ -213,10 +229,16 @@ pub fn describe_metrics() {
         "version",
         "unexpected_hello",
         "oversize_sightings",
+        "worker_set_forged_origin",
+        "worker_set_future",
+        "worker_set_full",
+        "worker_digest_shape",
+        "worker_digest_early",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }
     metrics::counter!("shoal_mesh_link_resyncs_total").increment(0);
+    metrics::counter!("shoal_mesh_worker_set_bytes_sent_total").increment(0);
     metrics::counter!("shoal_mesh_sightings_dropped_total").increment(0);
     describe_counter!(
         "shoal_mesh_sightings_received_total",
@@ -288,6 +310,11 @@ pub fn describe_metrics() {
         "Peer snapshots older than this replica's dispatch history reaches: its own work since the poll was counted from the history's oldest sample (bounded by the history's span)."
     );
 
+    describe_counter!(
+        "shoal_mesh_worker_set_bytes_sent_total",
+        Unit::Bytes,
+        "Worker-set frame bytes sent: own writes, whole sets to new links, digests and repairs."
+    );
     describe_gauge!(
         "shoal_mesh_stale_basis_tokens",
         "Largest per-worker work-since-poll that peers count from an older snapshot than this replica's: how far replicas disagree on dispatched_since_poll."

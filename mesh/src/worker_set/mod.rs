@@ -9,30 +9,70 @@
 //! name. Merging keeps the larger stamp: commutative, associative and
 //! idempotent, so frames may be lost, repeated or reordered.
 //!
+//! **Propagation.** A replica sends its own writes, and only those, to
+//! every link as they happen (a delta of the changed entries); it never
+//! re-broadcasts what it learned, since in the full mesh every peer hears
+//! the writer directly. One write costs O(replicas × entry) bytes
+//! fleet-wide. A new link gets the whole set (split by size). Every
+//! anti-entropy interval each replica sends a [`digest`] of its set; a peer
+//! whose digest differs in a bucket sends back its entries of that bucket,
+//! so an entry missed, or refused (a stamp ahead of the receiver's clock,
+//! a full set), is sent again and lands once the receiver accepts it.
+//!
+//! **Whose entries a peer may send.** An entry's `origin` names its writer.
+//! A peer may send entries in its own name (its certificate names it), and
+//! relay entries of writers that are not live, counted peers of the
+//! receiver — that is how a dead or unreachable writer's entries reach a
+//! late joiner. An entry in the name of a live peer is refused
+//! ([`Refused::ForgedOrigin`]): a live writer speaks for itself. One in the
+//! receiver's own name is accepted only if stamped before this incarnation
+//! started (its previous run's writes, relayed back after a restart). An
+//! entry that changes nothing is not judged (a whole-set copy carries the
+//! receiver's own and its peers' entries back to it). A relay can race the
+//! writer's own frame (counted as forged, then the writer's copy lands).
+//!
+//! **Stamps.** A stamp further ahead of this node's clock than
+//! [`MAX_FUTURE`] (the mesh's clock-skew bound) is refused, so a removal
+//! cannot be out-stamped for more than that; the digest repair delivers
+//! an honest entry refused this way once the receiver's clock catches up.
+//!
+//! **Residual risk.** Any holder of a cluster certificate can still add or
+//! remove workers under its own name (visible as `origin`), relay entries
+//! under the name of a node that is not a live peer of the receiver, and
+//! keep re-stamping an add up to `MAX_FUTURE` ahead to win over removals
+//! made by others; the certificate is the trust boundary.
+//!
 //! Bounded: at most [`MAX_ENTRIES`] URLs; a tombstone is forgotten once its
 //! stamp is older than the removal TTL (every replica forgets it at about
-//! the same time, since the stamp is the writer's clock). A replica cut off
-//! for longer than that TTL can bring back a worker removed meanwhile, the
-//! usual price of forgetting tombstones. A stamp further ahead of this
-//! node's clock than [`MAX_FUTURE`] is refused, so one broken clock cannot
-//! pin an entry forever.
+//! the same time, since the stamp is the writer's clock) and a tombstone
+//! that old is not merged back. A replica cut off for longer than that TTL
+//! can bring back a worker removed meanwhile, the usual price of
+//! forgetting tombstones.
 //!
 //! This module knows nothing of URLs' syntax (the router validates them);
 //! it bounds their length.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+pub(crate) mod digest;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_proto::frames::{MAX_KEY_BYTES, WorkerSetEntry};
-use tokio::sync::watch;
 
-use crate::identity::{unix_micros, valid_node_name};
+use crate::identity::valid_node_name;
+use crate::state::MAX_CLOCK_SKEW_MS;
+use digest::{Digest, bucket_of, entry_hash};
+pub use shared::{SharedWorkerSet, WallClock};
 
 /// Most worker URLs the set holds (present or removed).
 pub const MAX_ENTRIES: usize = 10_000;
-/// Largest lead of a peer's stamp over this node's clock that is accepted.
-pub const MAX_FUTURE: Duration = Duration::from_secs(60);
+/// Largest lead of a peer's stamp over this node's clock that is accepted:
+/// the mesh's clock-skew bound.
+pub const MAX_FUTURE: Duration = Duration::from_millis(MAX_CLOCK_SKEW_MS);
 
 /// The stamp of one write: hybrid logical clock, then writer.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,6 +99,9 @@ pub enum Refused {
     BadUrl,
     /// The origin is not a valid node name.
     BadOrigin,
+    /// The origin is a live peer other than the sender (or this node): see
+    /// the module doc.
+    ForgedOrigin,
     /// The stamp is more than [`MAX_FUTURE`] ahead of this node's clock.
     Future,
     /// The set already holds [`MAX_ENTRIES`] URLs.
@@ -71,28 +114,65 @@ impl Refused {
         match self {
             Refused::BadUrl => "worker_set_url",
             Refused::BadOrigin => "worker_set_origin",
+            Refused::ForgedOrigin => "worker_set_forged_origin",
             Refused::Future => "worker_set_future",
             Refused::Full => "worker_set_full",
         }
     }
 }
 
+/// Who sent entries, as the merge needs it to judge their origins.
+pub struct Sender<'a> {
+    /// The authenticated sender's node name (its certificate names it).
+    pub name: &'a str,
+    /// True for the names of the receiver's live, counted peers.
+    pub is_live_peer: &'a dyn Fn(&str) -> bool,
+}
+
+/// One held register, with its digest bucket and hash (kept so changes
+/// update the digest without hashing the URL again).
+#[derive(Debug)]
+struct Held {
+    register: Register,
+    bucket: usize,
+    hash: u64,
+}
+
 /// The set itself (no locking, no I/O): see the module doc.
 #[derive(Debug)]
 pub struct WorkerSet {
     origin: Arc<str>,
-    entries: BTreeMap<Arc<str>, Register>,
+    /// When this incarnation started (µs since the Unix epoch): a write in
+    /// its own name stamped later is its own, never a peer's relay.
+    started_us: u64,
+    entries: BTreeMap<Arc<str>, Held>,
     last_hlc_us: u64,
+    digest: Digest,
+    /// URLs this node wrote since the outbox last took them.
+    own_changes: BTreeSet<Arc<str>>,
 }
 
 impl WorkerSet {
-    /// An empty set whose own writes are stamped with `origin`.
+    /// An empty set whose own writes are stamped with `origin` (it refuses
+    /// every peer's relay of an entry in its own name: see
+    /// [`WorkerSet::started_at`]).
     pub fn new(origin: impl Into<Arc<str>>) -> Self {
         Self {
             origin: origin.into(),
+            started_us: 0,
             entries: BTreeMap::new(),
             last_hlc_us: 0,
+            digest: Digest::default(),
+            own_changes: BTreeSet::new(),
         }
+    }
+
+    /// The same set, for an incarnation that started at `started_us`:
+    /// entries in its name stamped before that are its previous run's,
+    /// which peers may relay back to it.
+    pub fn started_at(mut self, started_us: u64) -> Self {
+        self.started_us = started_us;
+        self
     }
 
     /// The next stamp of this node's clock at wall time `now_us`.
@@ -104,72 +184,126 @@ impl WorkerSet {
         }
     }
 
+    /// Puts `register` in for `url` (new or replacing), keeping the digest.
+    fn put(&mut self, url: &str, register: Register) {
+        let hash = entry_hash(url, &register);
+        match self.entries.get_mut(url) {
+            Some(held) => {
+                self.digest.toggle(held.bucket, held.hash ^ hash);
+                held.register = register;
+                held.hash = hash;
+            }
+            None => {
+                let bucket = bucket_of(url);
+                self.digest.toggle(bucket, hash);
+                self.entries.insert(
+                    url.into(),
+                    Held {
+                        register,
+                        bucket,
+                        hash,
+                    },
+                );
+            }
+        }
+    }
+
     /// Records this node's own write (an admin add or remove) at wall time
-    /// `now_us`; it wins over every entry this node has seen.
+    /// `now_us`; it wins over every entry this node has seen, and goes to
+    /// every peer in the next round.
     pub fn write(&mut self, url: &str, present: bool, now_us: u64) -> Result<Stamp, Refused> {
         check_url(url)?;
         if !self.entries.contains_key(url) && self.entries.len() >= MAX_ENTRIES {
             return Err(Refused::Full);
         }
         let stamp = self.tick(now_us);
-        self.entries.insert(
-            url.into(),
+        self.put(
+            url,
             Register {
                 present,
                 stamp: stamp.clone(),
             },
         );
+        self.own_changes.insert(url.into());
         Ok(stamp)
     }
 
-    /// Merges a peer's entry at this node's wall time `now_us`; true when
-    /// it changed what this node holds.
+    /// Merges an entry at this node's wall time `now_us`, trusting its
+    /// origin (a local merge); true when it changed what this node holds.
     pub fn merge(&mut self, entry: &WorkerSetEntry, now_us: u64) -> Result<bool, Refused> {
+        self.merge_checked(entry, now_us, |_| Ok(()))
+    }
+
+    /// Merges an entry `sender` sent, judging its origin (see the module
+    /// doc); true when it changed what this node holds.
+    pub fn merge_from(
+        &mut self,
+        entry: &WorkerSetEntry,
+        sender: &Sender<'_>,
+        now_us: u64,
+    ) -> Result<bool, Refused> {
+        let (origin, started_us) = (self.origin.clone(), self.started_us);
+        self.merge_checked(entry, now_us, |entry| {
+            let allowed = if entry.origin == sender.name {
+                true
+            } else if entry.origin == *origin {
+                entry.hlc_us < started_us
+            } else {
+                !(sender.is_live_peer)(&entry.origin)
+            };
+            if allowed {
+                Ok(())
+            } else {
+                Err(Refused::ForgedOrigin)
+            }
+        })
+    }
+
+    fn merge_checked(
+        &mut self,
+        entry: &WorkerSetEntry,
+        now_us: u64,
+        origin_ok: impl FnOnce(&WorkerSetEntry) -> Result<(), Refused>,
+    ) -> Result<bool, Refused> {
         check_url(&entry.url)?;
         if !valid_node_name(&entry.origin) {
             return Err(Refused::BadOrigin);
         }
-        let future_limit = now_us.saturating_add(MAX_FUTURE.as_micros() as u64);
-        if entry.hlc_us > future_limit {
-            return Err(Refused::Future);
-        }
-        self.last_hlc_us = self.last_hlc_us.max(entry.hlc_us);
         let stamp = Stamp {
             hlc_us: entry.hlc_us,
             origin: entry.origin.as_str().into(),
         };
-        let full = self.entries.len() >= MAX_ENTRIES;
-        match self.entries.get_mut(entry.url.as_str()) {
-            Some(held) if held.stamp >= stamp => Ok(false),
-            Some(held) => {
-                *held = Register {
-                    present: entry.present,
-                    stamp,
-                };
-                Ok(true)
-            }
-            None if full => Err(Refused::Full),
-            None => {
-                self.entries.insert(
-                    entry.url.as_str().into(),
-                    Register {
-                        present: entry.present,
-                        stamp,
-                    },
-                );
-                Ok(true)
-            }
+        let held = self.entries.get(entry.url.as_str());
+        if held.is_some_and(|h| h.register.stamp >= stamp) {
+            return Ok(false);
         }
+        origin_ok(entry)?;
+        let future_limit = now_us.saturating_add(MAX_FUTURE.as_micros() as u64);
+        if entry.hlc_us > future_limit {
+            return Err(Refused::Future);
+        }
+        if held.is_none() && self.entries.len() >= MAX_ENTRIES {
+            return Err(Refused::Full);
+        }
+        self.last_hlc_us = self.last_hlc_us.max(entry.hlc_us);
+        self.put(
+            &entry.url,
+            Register {
+                present: entry.present,
+                stamp,
+            },
+        );
+        Ok(true)
     }
 
     /// The register of `url`, if any write named it.
     pub fn get(&self, url: &str) -> Option<&Register> {
-        self.entries.get(url)
+        self.entries.get(url).map(|h| &h.register)
     }
 
     /// Every register, by URL.
     pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Register)> {
-        self.entries.iter()
+        self.entries.iter().map(|(url, h)| (url, &h.register))
     }
 
     /// Forgets the tombstones whose stamp is older than `ttl` at wall time
@@ -177,8 +311,14 @@ impl WorkerSet {
     pub fn forget_removals(&mut self, now_us: u64, ttl: Duration) -> usize {
         let cutoff = now_us.saturating_sub(ttl.as_micros() as u64);
         let before = self.entries.len();
-        self.entries
-            .retain(|_, r| r.present || r.stamp.hlc_us >= cutoff);
+        let digest = &mut self.digest;
+        self.entries.retain(|_, h| {
+            let keep = h.register.present || h.register.stamp.hlc_us >= cutoff;
+            if !keep {
+                digest.toggle(h.bucket, h.hash);
+            }
+            keep
+        });
         before - self.entries.len()
     }
 
@@ -186,13 +326,51 @@ impl WorkerSet {
     pub fn to_entries(&self) -> Vec<WorkerSetEntry> {
         self.entries
             .iter()
-            .map(|(url, r)| WorkerSetEntry {
-                url: url.to_string(),
-                hlc_us: r.stamp.hlc_us,
-                origin: r.stamp.origin.to_string(),
-                present: r.present,
-            })
+            .map(|(url, h)| wire(url, &h.register))
             .collect()
+    }
+
+    /// The wire form of this node's writes since the last call (their
+    /// current registers), forgetting them.
+    pub(crate) fn take_own_changes(&mut self) -> Vec<WorkerSetEntry> {
+        let urls = std::mem::take(&mut self.own_changes);
+        urls.iter()
+            .filter_map(|url| self.entries.get(url).map(|h| wire(url, &h.register)))
+            .collect()
+    }
+
+    /// Gives back writes taken by [`WorkerSet::take_own_changes`] that
+    /// could not be sent.
+    pub(crate) fn restore_own_changes(&mut self, entries: &[WorkerSetEntry]) {
+        self.own_changes
+            .extend(entries.iter().map(|e| Arc::from(e.url.as_str())));
+    }
+
+    /// The digest's buckets, for the wire.
+    pub(crate) fn digest(&self) -> Vec<u64> {
+        self.digest.to_vec()
+    }
+
+    /// The entries of the buckets where a peer's digest differs from this
+    /// set's, to send it; `None` when its digest has another shape.
+    pub(crate) fn repair_for(&self, theirs: &[u64]) -> Option<Vec<WorkerSetEntry>> {
+        let differing = self.digest.differing(theirs)?;
+        Some(
+            self.entries
+                .iter()
+                .filter(|(_, h)| differing.get(h.bucket).copied().unwrap_or(false))
+                .map(|(url, h)| wire(url, &h.register))
+                .collect(),
+        )
+    }
+}
+
+fn wire(url: &str, r: &Register) -> WorkerSetEntry {
+    WorkerSetEntry {
+        url: url.to_string(),
+        hlc_us: r.stamp.hlc_us,
+        origin: r.stamp.origin.to_string(),
+        present: r.present,
     }
 }
 
@@ -201,229 +379,4 @@ fn check_url(url: &str) -> Result<(), Refused> {
         return Err(Refused::BadUrl);
     }
     Ok(())
-}
-
-/// A [`WorkerSet`] shared by the router and, when meshed, the load links:
-/// every change bumps a version the router watches and rings `bell` (the
-/// mesh's push bell), so peers hear of it at once.
-#[derive(Debug, Clone)]
-pub struct SharedWorkerSet {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    set: Mutex<WorkerSet>,
-    version: watch::Sender<u64>,
-    removal_ttl: Duration,
-    bell: Option<Arc<watch::Sender<u64>>>,
-}
-
-impl SharedWorkerSet {
-    /// A set of this node's (`origin` stamps its writes), forgetting
-    /// removals after `removal_ttl`; not shared with anyone.
-    pub fn local(origin: impl Into<Arc<str>>, removal_ttl: Duration) -> Self {
-        Self::with_bell(origin, removal_ttl, None)
-    }
-
-    pub(crate) fn with_bell(
-        origin: impl Into<Arc<str>>,
-        removal_ttl: Duration,
-        bell: Option<Arc<watch::Sender<u64>>>,
-    ) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                set: Mutex::new(WorkerSet::new(origin)),
-                version: watch::Sender::new(0),
-                removal_ttl,
-                bell,
-            }),
-        }
-    }
-
-    /// The set, locked (held briefly: no I/O under it).
-    pub fn lock(&self) -> MutexGuard<'_, WorkerSet> {
-        self.inner.set.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Adds (`present`) or removes `url` as this node's write, now.
-    pub fn write(&self, url: &str, present: bool) -> Result<Stamp, Refused> {
-        let stamp = self.lock().write(url, present, unix_micros())?;
-        self.changed();
-        Ok(stamp)
-    }
-
-    /// Merges a peer's entries; what was refused, for counting.
-    pub fn merge(&self, entries: &[WorkerSetEntry]) -> Vec<Refused> {
-        let now = unix_micros();
-        let mut refused = Vec::new();
-        let mut changed = false;
-        {
-            let mut set = self.lock();
-            for entry in entries {
-                match set.merge(entry, now) {
-                    Ok(c) => changed |= c,
-                    Err(r) => refused.push(r),
-                }
-            }
-        }
-        if changed {
-            self.changed();
-        }
-        refused
-    }
-
-    /// Forgets expired removals (see [`WorkerSet::forget_removals`]).
-    pub fn forget_removals(&self) -> usize {
-        let forgotten = self
-            .lock()
-            .forget_removals(unix_micros(), self.inner.removal_ttl);
-        if forgotten > 0 {
-            self.changed();
-        }
-        forgotten
-    }
-
-    /// How long a removal is kept.
-    pub fn removal_ttl(&self) -> Duration {
-        self.inner.removal_ttl
-    }
-
-    /// The version, bumped on every change.
-    pub fn version(&self) -> u64 {
-        *self.inner.version.borrow()
-    }
-
-    /// Wakes when the set changes.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.inner.version.subscribe()
-    }
-
-    fn changed(&self) {
-        self.inner.version.send_modify(|v| *v += 1);
-        if let Some(bell) = &self.inner.bell {
-            bell.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(url: &str, hlc_us: u64, origin: &str, present: bool) -> WorkerSetEntry {
-        WorkerSetEntry {
-            url: url.into(),
-            hlc_us,
-            origin: origin.into(),
-            present,
-        }
-    }
-
-    const NOW: u64 = 1_700_000_000_000_000;
-
-    #[test]
-    fn the_later_write_wins_and_merges_commute() {
-        let writes = [
-            entry("http://w:1", NOW, "a", true),
-            entry("http://w:1", NOW + 5, "b", false),
-            entry("http://w:1", NOW + 5, "a", true),
-            entry("http://w:2", NOW + 1, "c", true),
-        ];
-        let mut states = Vec::new();
-        for order in [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 2, 0, 1]] {
-            let mut set = WorkerSet::new("x");
-            for i in order {
-                set.merge(&writes[i], NOW).unwrap();
-            }
-            // Duplicates change nothing.
-            for w in &writes {
-                set.merge(w, NOW).unwrap();
-            }
-            states.push(set.to_entries());
-        }
-        assert!(states.windows(2).all(|w| w[0] == w[1]), "{states:?}");
-        let w1 = &states[0][0];
-        assert_eq!(
-            (w1.present, w1.origin.as_str()),
-            (false, "b"),
-            "tie on the clock: larger origin"
-        );
-    }
-
-    #[test]
-    fn a_removal_after_seeing_an_add_wins_even_with_a_slow_clock() {
-        let mut a = WorkerSet::new("a");
-        // A peer with a clock 10 s ahead added the worker.
-        a.merge(&entry("http://w:1", NOW + 10_000_000, "z", true), NOW)
-            .unwrap();
-        let stamp = a.write("http://w:1", false, NOW).unwrap();
-        assert!(stamp.hlc_us > NOW + 10_000_000, "raised past what it saw");
-        assert!(!a.get("http://w:1").unwrap().present);
-    }
-
-    #[test]
-    fn hostile_entries_are_refused_and_the_set_is_bounded() {
-        let mut set = WorkerSet::new("a");
-        let far = NOW + MAX_FUTURE.as_micros() as u64 + 1;
-        assert_eq!(
-            set.merge(&entry("http://w:1", far, "b", true), NOW),
-            Err(Refused::Future)
-        );
-        assert_eq!(
-            set.merge(&entry("", NOW, "b", true), NOW),
-            Err(Refused::BadUrl)
-        );
-        let long = "x".repeat(MAX_KEY_BYTES + 1);
-        assert_eq!(
-            set.merge(&entry(&long, NOW, "b", true), NOW),
-            Err(Refused::BadUrl)
-        );
-        assert_eq!(
-            set.merge(&entry("u", NOW, "bad name!", true), NOW),
-            Err(Refused::BadOrigin)
-        );
-        for i in 0..MAX_ENTRIES {
-            set.write(&format!("http://w:{i}"), true, NOW).unwrap();
-        }
-        assert_eq!(
-            set.merge(&entry("http://new:1", NOW, "b", true), NOW),
-            Err(Refused::Full)
-        );
-        assert_eq!(set.write("http://new:1", true, NOW), Err(Refused::Full));
-        assert!(
-            set.write("http://w:0", false, NOW).is_ok(),
-            "known URLs still change"
-        );
-    }
-
-    #[test]
-    fn removals_are_forgotten_after_their_ttl_and_adds_are_kept() {
-        let mut set = WorkerSet::new("a");
-        set.write("http://gone:1", false, NOW).unwrap();
-        set.write("http://kept:1", true, NOW).unwrap();
-        let ttl = Duration::from_secs(60);
-        assert_eq!(set.forget_removals(NOW + 59_000_000, ttl), 0);
-        assert_eq!(set.forget_removals(NOW + 61_000_000, ttl), 1);
-        assert!(set.get("http://gone:1").is_none());
-        assert!(set.get("http://kept:1").is_some());
-    }
-
-    #[test]
-    fn the_shared_set_bumps_its_version_and_rings_the_bell_on_change_only() {
-        let bell = Arc::new(watch::Sender::new(0u64));
-        let shared = SharedWorkerSet::with_bell("a", Duration::from_secs(1), Some(bell.clone()));
-        let mut rx = shared.subscribe();
-        shared.write("http://w:1", true).unwrap();
-        assert!(rx.has_changed().unwrap());
-        rx.mark_unchanged();
-        assert_eq!(*bell.borrow(), 1);
-        let held = shared.lock().to_entries();
-        assert!(shared.merge(&held).is_empty());
-        assert!(
-            !rx.has_changed().unwrap(),
-            "an entry already held is no change"
-        );
-        assert_eq!(*bell.borrow(), 1);
-    }
 }
