@@ -120,8 +120,8 @@ pub struct MeshConfig {
     /// history's oldest sample (counted in
     /// `shoal_mesh_rebase_history_short_total`). Set it to at least the
     /// age past which a snapshot is not routed on (the router passes its
-    /// `--load-stale-after-ms`). Memory is bounded whatever the span (the
-    /// samples spread out). Default [`DEFAULT_DISPATCH_HISTORY`].
+    /// `--load-stale-after-ms`). Memory is bounded whatever the span (its
+    /// buckets widen). Default [`DEFAULT_DISPATCH_HISTORY`].
     pub dispatch_history: Duration,
     /// Gossip and failure-detector settings.
     pub failure_detector: FailureDetectorSettings,

@@ -69,18 +69,25 @@ impl OwnCounters {
     }
 }
 
-/// Most samples a dispatch history holds, whatever its span: a longer
-/// span spaces them further apart instead (at most 2 KiB a worker).
-pub(crate) const MAX_HISTORY_SAMPLES: u64 = 128;
+/// Time buckets a dispatch history's span is cut into; a bucket keeps its
+/// first and its latest sample, so memory is bounded whatever the span or
+/// the sampling rate (at most [`MAX_HISTORY_SAMPLES`], about 2 KiB a
+/// worker), and a time just after a sample is answered as precisely as
+/// the sampling allows.
+pub(crate) const HISTORY_BUCKETS: u64 = 64;
 
-/// How far back a dispatch history reaches, and the least time between
-/// two of its samples (the span over [`MAX_HISTORY_SAMPLES`]): memory is
-/// bounded by the sample count, reach by time.
+/// Most samples a history holds: two per bucket over the span, plus the
+/// buckets at its two edges and the sample before its start.
+pub(crate) const MAX_HISTORY_SAMPLES: usize = 2 * (HISTORY_BUCKETS as usize + 2) + 1;
+
+/// How far back a dispatch history reaches, and the width of its buckets
+/// (the span over [`HISTORY_BUCKETS`]): memory is bounded by the bucket
+/// count, reach by time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HistoryWindow {
     /// Reach, ms: a poll time this far back is answered exactly.
     pub(crate) span_ms: u64,
-    /// Least gap between samples, ms.
+    /// Bucket width, ms.
     pub(crate) step_ms: u64,
 }
 
@@ -90,7 +97,7 @@ impl HistoryWindow {
         let span_ms = u64::try_from(span.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
             span_ms,
-            step_ms: span_ms.div_ceil(MAX_HISTORY_SAMPLES),
+            step_ms: span_ms.div_ceil(HISTORY_BUCKETS),
         }
     }
 }
@@ -130,20 +137,33 @@ impl DispatchHistory {
         }
     }
 
-    /// Records `value` at `now_ms` if it changed since the last sample and
-    /// a step has passed; forgets samples no time in the window needs.
+    /// Records `value` at `now_ms` if it changed since the last sample
+    /// (within a bucket, the latest sample replaces the one after the
+    /// bucket's first); forgets samples no time in the window needs.
     pub(crate) fn sample(&mut self, now_ms: u64, value: u64, window: HistoryWindow) {
+        // A clock that went back records nothing until it passes again.
         if let Some(&(t, v)) = self.samples.back()
-            && (v == value || now_ms.saturating_sub(t) < window.step_ms)
+            && (v == value || now_ms < t)
         {
             return;
         }
-        self.samples.push_back((now_ms, value));
+        let bucket = |t: u64| t / window.step_ms;
+        let n = self.samples.len();
+        let in_bucket = |i: usize| {
+            self.samples
+                .get(i)
+                .is_some_and(|&(t, _)| bucket(t) == bucket(now_ms))
+        };
+        if n >= 2 && in_bucket(n - 2) && in_bucket(n - 1) {
+            self.samples[n - 1] = (now_ms, value);
+        } else {
+            self.samples.push_back((now_ms, value));
+        }
         // The oldest sample answers times before the second oldest; once
         // that one is past the window's start, no time in it needs it.
         let start = now_ms.saturating_sub(window.span_ms);
         while self.samples.get(1).is_some_and(|&(t, _)| t <= start)
-            || self.samples.len() as u64 > MAX_HISTORY_SAMPLES + 2
+            || self.samples.len() > MAX_HISTORY_SAMPLES
         {
             self.samples.pop_front();
             self.truncated = true;
@@ -497,38 +517,48 @@ mod tests {
 
     #[test]
     fn history_finds_the_value_at_or_before_a_time() {
-        let window = HistoryWindow::new(Duration::from_millis(1280));
+        let window = HistoryWindow::new(Duration::from_millis(640));
         assert_eq!(window.step_ms, 10);
         let mut h = DispatchHistory::starting_at(50);
         assert_eq!(h.at(10), Dispatched::Then(0), "before the counter existed");
+        h.sample(52, 3, window); // the bucket's latest after its first
         h.sample(100, 5, window);
         h.sample(120, 5, window); // unchanged: not stored
         h.sample(140, 9, window);
-        h.sample(145, 10, window); // within a step: not stored
-        assert_eq!(h.at(99), Dispatched::Then(0));
+        h.sample(143, 10, window);
+        h.sample(147, 11, window); // replaces 143 (bucket 14 keeps 140, 147)
+        assert_eq!(h.at(51), Dispatched::Then(0));
+        assert_eq!(h.at(53), Dispatched::Then(3));
         assert_eq!(
             h.at(100),
-            Dispatched::Then(0),
+            Dispatched::Then(3),
             "same millisecond: maybe after"
         );
         assert_eq!(h.at(101), Dispatched::Then(5));
         assert_eq!(h.at(140), Dispatched::Then(5));
-        assert_eq!(h.at(10_000), Dispatched::Then(9));
+        assert_eq!(h.at(145), Dispatched::Then(9), "143 was replaced");
+        assert_eq!(h.at(148), Dispatched::Then(11));
+        h.sample(130, 12, window); // the clock went back: ignored
+        assert_eq!(h.at(10_000), Dispatched::Then(11));
     }
 
     /// The history reaches back by time, whatever the sampling rate: a
     /// sample every millisecond for ten seconds keeps at most
-    /// `MAX_HISTORY_SAMPLES` (plus the two at the edges) and still answers
-    /// any time in the span; older times get the oldest sample.
+    /// `MAX_HISTORY_SAMPLES` and still answers any time in the span within
+    /// two buckets; older times get the oldest sample.
     #[test]
     fn history_spans_its_window_in_bounded_memory() {
         let window = HistoryWindow::new(Duration::from_secs(3));
         let mut h = DispatchHistory::starting_at(0);
         for t in 1..=10_000u64 {
             h.sample(t, t, window);
-            assert!(h.samples.len() as u64 <= MAX_HISTORY_SAMPLES + 2);
+            assert!(h.samples.len() <= MAX_HISTORY_SAMPLES);
         }
-        // 1.5 s and 2.9 s back: within a step (24 ms) below the truth.
+        assert_eq!(
+            h.at(10_001),
+            Dispatched::Then(10_000),
+            "the newest is exact"
+        );
         for back in [1500, 2900] {
             let at = 10_000 - back;
             match h.at(at) {
@@ -541,7 +571,7 @@ mod tests {
         // 5 s back is beyond the span: the oldest sample, itself at or
         // before the window's start (so the work since stays in the span).
         match h.at(5_000) {
-            Dispatched::Oldest(v) => assert!(v <= 7_000 && v >= 7_000 - 2 * window.step_ms, "{v}"),
+            Dispatched::Oldest(v) => assert!(v <= 7_000 && v + 2 * window.step_ms >= 7_000, "{v}"),
             other => panic!("{other:?}"),
         }
     }

@@ -129,8 +129,9 @@ fn learn_a_past_snapshot(nodes: &[Node], w: &str, behind: Duration) -> (u64, u64
     poller.set_polled(true);
     let slot = nodes[1].mesh().worker(w);
     let mut booker = Booker::start(vec![slot.clone()], Duration::from_secs(30));
-    // Book for longer than the stamp reaches back (and than 64 samples of
-    // the sync interval), so the history must reach back by time.
+    // Book for longer than the stamp reaches back (and than 64 sync
+    // intervals), so only a history that reaches back by time, not by a
+    // count of samples, answers.
     std::thread::sleep(behind + Duration::from_secs(1));
     let stamp = unix_ms() - behind.as_millis() as u64;
     publish(&nodes[0], &poller, stamp);
@@ -233,8 +234,8 @@ fn a_snapshot_older_than_the_history_rebases_to_its_start_and_is_counted() {
 /// A poller whose clock is 1 s behind polls every 200 ms while two other
 /// nodes book continuously: the fleet work since the poll stays within
 /// what was booked over the last few seconds on every poll, instead of
-/// growing with every booking. (A 10 ms sync interval: 64 samples, the
-/// history's old length, then spanned 640 ms.)
+/// growing with every booking. (A 10 ms sync interval: a history of 64
+/// samples, one per interval, would span only 640 ms.)
 #[test]
 fn a_poller_clock_a_second_behind_keeps_the_fleet_work_since_poll_bounded() {
     const W: &str = "http://10.9.0.9:8000";
@@ -262,8 +263,8 @@ fn a_poller_clock_a_second_behind_keeps_the_fleet_work_since_poll_bounded() {
         // Work since a poll 1 s behind, one interval ago, with a second of
         // slack for delivery and sampling on a busy machine.
         let bound = log.total() - log.booked_by(now - 2500);
-        for i in 0..3 {
-            let since = slots[i].fleet().counts.dispatched_since_poll;
+        for (i, slot) in slots.iter().enumerate() {
+            let since = slot.fleet().counts.dispatched_since_poll;
             worst = worst.max(since as f64 / bound.max(1) as f64);
             if since > bound {
                 failures.push(format!(
