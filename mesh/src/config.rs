@@ -113,6 +113,16 @@ pub struct MeshConfig {
     /// heals and an entry its sender stopped refreshing can be forgotten.
     /// Default [`DEFAULT_ANTI_ENTROPY_INTERVAL`].
     pub anti_entropy_interval: Duration,
+    /// How far back each worker's own dispatch history reaches: a snapshot
+    /// learned from a peer up to this old (a slow poll, a poller's clock
+    /// behind) rebases this replica's `dispatched_since_poll` to what it
+    /// had dispatched at the poll's time; an older one rebases it to the
+    /// history's oldest sample (counted in
+    /// `shoal_mesh_rebase_history_short_total`). Set it to at least the
+    /// age past which a snapshot is not routed on (the router passes its
+    /// `--load-stale-after-ms`). Memory is bounded whatever the span (its
+    /// buckets widen). Default [`DEFAULT_DISPATCH_HISTORY`].
+    pub dispatch_history: Duration,
     /// Gossip and failure-detector settings.
     pub failure_detector: FailureDetectorSettings,
     /// A load link silent for this long is closed and its peer stops
@@ -134,6 +144,11 @@ pub struct MeshConfig {
     /// Test hook: sees every received update before it is merged.
     #[cfg(feature = "testsuite")]
     pub tap: Option<Arc<dyn FrameTap>>,
+    /// Test hook: the wall clock (µs since the Unix epoch) the worker set
+    /// stamps writes and judges peers' stamps with, so a test can run a
+    /// replica whose clock is behind or ahead.
+    #[cfg(feature = "testsuite")]
+    pub worker_set_clock: Option<crate::worker_set::WallClock>,
     /// Test hook: start even with a certificate that does not name this
     /// node (to stand in for a hostile peer; peers must refuse it).
     #[cfg(feature = "testsuite")]
@@ -158,6 +173,7 @@ impl std::fmt::Debug for MeshConfig {
             .field("push_min_gap", &self.push_min_gap)
             .field("max_push_rate", &self.max_push_rate)
             .field("anti_entropy_interval", &self.anti_entropy_interval)
+            .field("dispatch_history", &self.dispatch_history)
             .field("failure_detector", &self.failure_detector)
             .finish_non_exhaustive()
     }
@@ -179,6 +195,10 @@ pub const DEFAULT_MAX_PUSH_RATE: u32 = 2000;
 /// link lost (a new or resynced link gets a full copy at once), so they can
 /// be slow: at 30 s they stay a small share of the bytes of a large mesh.
 pub const DEFAULT_ANTI_ENTROPY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Default reach of the own dispatch history: the stale limit of a
+/// router on its default poll interval (3 polls of 1 s).
+pub const DEFAULT_DISPATCH_HISTORY: Duration = Duration::from_secs(3);
 
 /// Default time a removed worker stays removed fleet-wide (one hour: long
 /// past any partition the mesh rides out, short enough that the tombstones
@@ -208,6 +228,7 @@ impl MeshConfig {
             push_min_gap: Duration::from_millis(DEFAULT_PUSH_MIN_GAP_MS),
             max_push_rate: DEFAULT_MAX_PUSH_RATE,
             anti_entropy_interval: DEFAULT_ANTI_ENTROPY_INTERVAL,
+            dispatch_history: DEFAULT_DISPATCH_HISTORY,
             failure_detector: FailureDetectorSettings::default(),
             link_idle_timeout: Duration::from_secs(3),
             link_keepalive: Duration::from_millis(500),
@@ -220,6 +241,8 @@ impl MeshConfig {
             ownership_hash_version: crate::ownership::OWNERSHIP_HASH_VERSION,
             #[cfg(feature = "testsuite")]
             allow_unnamed_certificate: false,
+            #[cfg(feature = "testsuite")]
+            worker_set_clock: None,
         }
     }
 
@@ -238,6 +261,7 @@ impl MeshConfig {
             ("sync_interval", self.sync_interval),
             ("push_min_gap", self.push_min_gap),
             ("anti_entropy_interval", self.anti_entropy_interval),
+            ("dispatch_history", self.dispatch_history),
             ("gossip_interval", self.failure_detector.gossip_interval),
             ("link_idle_timeout", self.link_idle_timeout),
             ("link_keepalive", self.link_keepalive),

@@ -14,19 +14,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use shoal_proto::frames::{MAX_KEY_BYTES, Update};
+use shoal_proto::frames::{MAX_KEY_BYTES, Update, WorkerSetEntry};
 use shoal_proto::{EngineKind, EngineLoad};
 
 use crate::identity::{Incarnation, unix_micros};
 use crate::outbox::Outbox;
 use crate::registry::Registry;
 use crate::sightings::SightingExchange;
-use crate::slot::{PollStamp, RemoteView, SnapshotView, WorkerEntry};
+use crate::slot::{Dispatched, HistoryWindow, PollStamp, RemoteView, SnapshotView, WorkerEntry};
 use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
-use crate::worker_set::SharedWorkerSet;
+use crate::worker_set::{Sender, SharedWorkerSet, WallClock, WorkerSet};
 
 /// What chitchat says about one incarnation (hints only: unauthenticated).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +98,14 @@ pub(crate) struct Core {
     /// Shortest gap between pushes on change and the most pushes per
     /// second over all links: the bell's gap follows the link count.
     pub(crate) push_pacing: (Duration, u32),
+    /// How far back, and how finely, each worker's own dispatch history
+    /// is kept (see `slot::DispatchHistory`).
+    pub(crate) history: HistoryWindow,
     /// Flipped once on graceful shutdown: every session says `Bye`.
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// Bumped when own slots changed (see `bell`): every link pushes.
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
-    /// The fleet-wide worker set; its changes ring `changes` too.
+    /// The fleet-wide worker set; this node's writes ring `changes` too.
     pub(crate) worker_set: SharedWorkerSet,
     /// What the peers were told, and the rounds every link sends.
     pub(crate) outbox: Outbox,
@@ -126,11 +129,18 @@ impl Core {
         forget_after: Duration,
         worker_removal_ttl: Duration,
         refresh_every: Duration,
+        clock: WallClock,
     ) -> Self {
         let members = vec![me.name.clone()];
         let changes = Arc::new(tokio::sync::watch::Sender::new(0));
-        let worker_set =
-            SharedWorkerSet::with_bell(me.name.clone(), worker_removal_ttl, Some(changes.clone()));
+        // The generation is this run's start (µs): entries in its own name
+        // stamped before it are a previous run's, which peers relay back.
+        let worker_set = SharedWorkerSet::meshed(
+            WorkerSet::new(me.name.clone()).started_at(me.generation),
+            worker_removal_ttl,
+            changes.clone(),
+            clock,
+        );
         Self {
             me,
             cluster_id,
@@ -147,11 +157,26 @@ impl Core {
                 Duration::from_millis(crate::config::DEFAULT_PUSH_MIN_GAP_MS),
                 crate::config::DEFAULT_MAX_PUSH_RATE,
             ),
+            history: HistoryWindow::new(crate::config::DEFAULT_DISPATCH_HISTORY),
             shutdown: tokio::sync::watch::Sender::new(false),
             changes,
             worker_set,
             outbox: Outbox::new(refresh_every),
             sightings: Arc::default(),
+        }
+    }
+
+    /// Merges worker-set entries `from` sent, judging their origins
+    /// against the live verified members; refusals are counted by reason.
+    pub(crate) fn merge_workers(&self, from: &Incarnation, entries: &[WorkerSetEntry]) {
+        let members = self.members.load();
+        let live = |name: &str| members.binary_search_by(|m| (**m).cmp(name)).is_ok();
+        let sender = Sender {
+            name: &from.name,
+            is_live_peer: &live,
+        };
+        for refused in self.worker_set.merge_from(&sender, entries) {
+            self.telemetry.dropped(refused.reason());
         }
     }
 
@@ -301,7 +326,11 @@ impl Core {
     ) {
         let mut polls: Vec<(Arc<str>, bool)> = Vec::with_capacity(update.keys.len());
         for def in update.keys {
+            // A refused definition unbinds the id: the sender no longer
+            // means the key it named before, so entries for the id are
+            // dropped (counted) until a definition is accepted.
             if def.key.is_empty() || def.key.len() > MAX_KEY_BYTES {
+                dict.remove(&def.id);
                 self.telemetry.dropped("bad_key");
                 continue;
             }
@@ -310,7 +339,10 @@ impl Core {
                     dict.insert(def.id, entry.key.clone());
                     polls.push((entry.key.clone(), def.polled));
                 }
-                None => self.telemetry.dropped("too_many_keys"),
+                None => {
+                    dict.remove(&def.id);
+                    self.telemetry.dropped("too_many_keys");
+                }
             }
         }
         let clock = Clock::now();
@@ -387,16 +419,18 @@ impl Core {
         let Some(entry) = self.registry.get(key) else {
             return;
         };
-        let base = entry.history().at(polled_at);
-        match base {
-            Some(base) => {
-                entry.own.rebase(base, polled_at);
-                entry.changed();
+        // A poll time behind this clock by more than the history reaches
+        // (a poller's clock behind, a very slow poll) is taken as the
+        // history's start: the count stays within the window's work.
+        let base = match entry.history().at(polled_at) {
+            Dispatched::Then(base) => base,
+            Dispatched::Oldest(base) => {
+                self.telemetry.rebase_history_short();
+                base
             }
-            // The history does not reach back to the poll: keep counting
-            // from the older snapshot (an over-estimate, never an under-).
-            None => self.telemetry.rebase_history_short(),
-        }
+        };
+        entry.own.rebase(base, polled_at);
+        entry.changed();
     }
 
     /// Stores a snapshot this node polled (as the LWW poller) and returns

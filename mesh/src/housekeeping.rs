@@ -43,7 +43,7 @@ pub(crate) fn sample_histories(core: &Core) {
     let now_ms = unix_millis();
     for entry in core.registry.list().iter() {
         let dispatched = entry.own.dispatched.load(Ordering::Relaxed);
-        entry.history().sample(now_ms, dispatched);
+        entry.history().sample(now_ms, dispatched, core.history);
     }
 }
 

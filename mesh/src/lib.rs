@@ -34,6 +34,7 @@ mod registry;
 mod session;
 mod sightings;
 mod slot;
+mod stable_hash;
 pub mod state;
 mod status;
 #[cfg(feature = "testsuite")]
@@ -43,11 +44,13 @@ mod timings;
 pub mod tls;
 mod totals;
 mod wire;
+mod worker_frames;
 pub mod worker_set;
 
 pub use config::{
-    DEFAULT_ANTI_ENTROPY_INTERVAL, DEFAULT_MAX_PUSH_RATE, DEFAULT_PUSH_MIN_GAP_MS,
-    DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig, PemSource, TlsConfig,
+    DEFAULT_ANTI_ENTROPY_INTERVAL, DEFAULT_DISPATCH_HISTORY, DEFAULT_MAX_PUSH_RATE,
+    DEFAULT_PUSH_MIN_GAP_MS, DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig,
+    PemSource, TlsConfig,
 };
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};

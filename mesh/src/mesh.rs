@@ -189,6 +189,16 @@ fn endpoint(config: &MeshConfig, tls: tls::TlsConfigs) -> Result<Endpoint, MeshE
     Ok(endpoint)
 }
 
+/// The wall clock the worker set runs on: the system's, or a test's.
+fn worker_set_clock(config: &MeshConfig) -> crate::worker_set::WallClock {
+    #[cfg(feature = "testsuite")]
+    if let Some(clock) = &config.worker_set_clock {
+        return clock.clone();
+    }
+    let _ = config;
+    Arc::new(crate::identity::unix_micros)
+}
+
 impl Mesh {
     /// Binds the gossip and QUIC sockets, joins the cluster through the
     /// seeds and starts pushing this node's slots. Must run in a Tokio
@@ -208,8 +218,10 @@ impl Mesh {
             config.forget_after,
             config.worker_removal_ttl,
             config.anti_entropy_interval,
+            worker_set_clock(&config),
         );
         core.push_pacing = (config.push_min_gap, config.max_push_rate);
+        core.history = crate::slot::HistoryWindow::new(config.dispatch_history);
         #[cfg(feature = "testsuite")]
         {
             core.tap = config.tap.clone();
@@ -436,6 +448,12 @@ impl Mesh {
     /// that read it often, like the scale benchmark).
     pub fn traffic(&self) -> TrafficStatus {
         self.core.telemetry.status()
+    }
+
+    /// How many frames, links and entries were dropped, by reason (what
+    /// `/mesh/status` shows as `dropped_by_reason`).
+    pub fn dropped_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
+        status::dropped_by_reason(&self.core)
     }
 
     /// The `/mesh/status` view.

@@ -3,8 +3,10 @@
 //!
 //! A round (on a bell announcement, at most one per push gap, and at least
 //! every sync interval) reads the entries whose change flag is set, the
-//! polled flags, snapshots and the worker set, compares them with the
-//! ledger and encodes what changed once; every link writes the same bytes.
+//! polled flags and snapshots, compares them with the ledger and encodes
+//! what changed once, with this node's own worker-set writes since the
+//! last round (and, once per anti-entropy interval, the worker-set digest:
+//! see `worker_set`); every link writes the same bytes.
 //! A round costs one read per changed entry and one encode whatever the
 //! number of peers. (Before, each link read every key and encoded its own
 //! frames for every push: at 64 replicas a change cost 63 walks of every
@@ -29,8 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shoal_proto::LoadCounts;
+use shoal_proto::frame_size::{EncodedLenBound, FRAME_TARGET_BYTES};
 use shoal_proto::frames::{
-    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetFrame,
+    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetEntry,
     encode_prefixed,
 };
 use tokio::sync::broadcast;
@@ -39,6 +42,7 @@ use crate::core::Core;
 use crate::identity::unix_micros;
 use crate::slot::WorkerEntry;
 use crate::state::SnapshotValue;
+use crate::worker_frames;
 
 /// Rounds a link may fall behind before it is sent the ledger instead (at
 /// the shortest push gap, about four seconds of rounds).
@@ -47,9 +51,6 @@ pub(crate) const ROUNDS_BUFFERED: usize = 1024;
 /// One round in this many carries the read time the receiver's lag
 /// histogram needs (0, one byte on the wire, in the others).
 const LAG_SAMPLE_EVERY: u64 = 8;
-
-/// Entries per update frame, so a large round never nears the frame limit.
-const ENTRIES_PER_FRAME: usize = 1024;
 
 /// What the peers were told about one wire id.
 #[derive(Debug, Clone, Copy)]
@@ -74,8 +75,9 @@ struct Ledger {
     round: u64,
     /// When the last round read the slots (µs since the Unix epoch).
     last_read_us: u64,
-    /// Worker-set version the rounds last carried.
-    set_version: Option<u64>,
+    /// When the last worker-set digest went out (or the first round was
+    /// built): the next is due an anti-entropy interval later.
+    digest_since: Option<Instant>,
     /// Registry position the rolling refresh continues from.
     refresh_at: usize,
     /// Entries the refresh owes (fractional, carried between rounds).
@@ -98,6 +100,17 @@ impl Ledger {
             self.told.resize(id + 1, None);
         }
         self.told[id] = Some(told);
+    }
+
+    /// Where the rolling refresh stands, to undo a round that failed.
+    fn refresh_state(&self) -> (usize, f64, Option<Instant>) {
+        (self.refresh_at, self.refresh_owed, self.last_round_at)
+    }
+
+    fn restore_refresh(&mut self, (at, owed, last): (usize, f64, Option<Instant>)) {
+        self.refresh_at = at;
+        self.refresh_owed = owed;
+        self.last_round_at = last;
     }
 
     /// How many entries this round's refresh re-sends, and from where.
@@ -138,46 +151,91 @@ pub(crate) struct Round {
     pub(crate) seq: u64,
     /// Length-prefixed frames, encoded once.
     pub(crate) frames: Vec<Vec<u8>>,
+    /// Bytes of those that are worker-set frames (for the byte counter).
+    pub(crate) set_bytes: usize,
 }
 
-/// Update frames being filled, split every [`ENTRIES_PER_FRAME`] entries.
+/// What a new (or resynced) link is sent first.
+#[derive(Debug)]
+pub(crate) struct LedgerCopy {
+    /// The ledger's frames, then the whole worker set's.
+    pub(crate) frames: Vec<Vec<u8>>,
+    /// Bytes of the worker-set frames among them.
+    pub(crate) set_bytes: usize,
+    /// The sequence after which the link's rounds continue.
+    pub(crate) upto: u64,
+}
+
+/// A round's frames before they are sent.
+struct Encoded {
+    frames: Vec<Vec<u8>>,
+    set_bytes: usize,
+    /// The wire round of its updates, if it has any.
+    round: Option<u64>,
+    digest_sent: bool,
+}
+
+/// Update frames being filled, split by the entries' encoded size (see
+/// `shoal_proto::frame_size`): a worker's entries stay in one frame, so a
+/// key definition always travels with, or before, the entries using it.
 #[derive(Default)]
 struct Batch {
     done: Vec<Update>,
     cur: Update,
+    /// Bound of the bytes of `cur`'s entries.
+    cur_bytes: usize,
 }
 
 impl Batch {
+    fn key(&mut self, def: KeyDef) {
+        self.cur_bytes += def.encoded_len_bound();
+        self.cur.keys.push(def);
+    }
+
+    fn slot(&mut self, slot: SlotEntry) {
+        self.cur_bytes += slot.encoded_len_bound();
+        self.cur.slots.push(slot);
+    }
+
+    fn basis(&mut self, basis: BasisEntry) {
+        self.cur_bytes += basis.encoded_len_bound();
+        self.cur.bases.push(basis);
+    }
+
+    fn snapshot(&mut self, snapshot: SnapshotEntry) {
+        self.cur_bytes += snapshot.encoded_len_bound();
+        self.cur.snapshots.push(snapshot);
+    }
+
+    /// One worker's entries are in: start a new frame if this one is full.
     fn entry_done(&mut self) {
-        let cur = &self.cur;
-        if cur.keys.len() + cur.slots.len() + cur.bases.len() + cur.snapshots.len()
-            >= ENTRIES_PER_FRAME
-        {
+        if self.cur_bytes >= FRAME_TARGET_BYTES {
             self.done.push(std::mem::take(&mut self.cur));
+            self.cur_bytes = 0;
         }
     }
 
     /// Every entry of `told` for `entry` (a ledger copy or a refresh).
     fn all_of(&mut self, entry: &WorkerEntry, told: &Told) {
-        self.cur.keys.push(KeyDef {
+        self.key(KeyDef {
             id: entry.id,
             key: entry.key.to_string(),
             polled: told.polled,
         });
         if let Some(counts) = told.slot {
-            self.cur.slots.push(SlotEntry {
+            self.slot(SlotEntry {
                 id: entry.id,
                 counts,
             });
             if told.basis_ms > 0 {
-                self.cur.bases.push(BasisEntry {
+                self.basis(BasisEntry {
                     id: entry.id,
                     polled_at_unix_ms: told.basis_ms,
                 });
             }
         }
         if let Some((_, s)) = told.snapshot {
-            self.cur.snapshots.push(snapshot_entry(entry.id, &s));
+            self.snapshot(snapshot_entry(entry.id, &s));
         }
         self.entry_done();
     }
@@ -211,20 +269,6 @@ fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
     }
 }
 
-/// The whole worker set as frames (it is small and changes rarely, so a
-/// change resends it whole).
-fn worker_set_frames(core: &Core) -> Result<Vec<Vec<u8>>, FrameError> {
-    let entries = core.worker_set.lock().to_entries();
-    entries
-        .chunks(ENTRIES_PER_FRAME)
-        .map(|chunk| {
-            encode_prefixed(&Frame::Workers(WorkerSetFrame {
-                entries: chunk.to_vec(),
-            }))
-        })
-        .collect()
-}
-
 /// The node's ledger and its stream of rounds.
 #[derive(Debug)]
 pub(crate) struct Outbox {
@@ -252,10 +296,16 @@ impl Outbox {
         self.rounds.subscribe()
     }
 
+    /// Every entry of the ledger is re-sent once per this interval, and
+    /// the worker-set digest goes out as often.
+    pub(crate) fn refresh_every(&self) -> Duration {
+        self.refresh_every
+    }
+
     /// What every peer was told as of the last round, as frames in that
-    /// round's number, with the worker set; and the sequence after which
-    /// the link's rounds continue.
-    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<(Vec<Vec<u8>>, u64), FrameError> {
+    /// round's number, with the whole worker set (whatever this node's
+    /// rounds carry later is newer or the same).
+    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<LedgerCopy, FrameError> {
         let ledger = self.lock();
         let mut batch = Batch::default();
         for entry in core.registry.list().iter() {
@@ -264,25 +314,33 @@ impl Outbox {
             }
         }
         let mut frames = batch.encode(ledger.round, 0)?;
-        frames.extend(worker_set_frames(core)?);
-        Ok((frames, ledger.seq))
+        let set = worker_frames::entries(&core.worker_set.lock().to_entries())?;
+        frames.extend(set.frames);
+        Ok(LedgerCopy {
+            frames,
+            set_bytes: set.bytes,
+            upto: ledger.seq,
+        })
     }
 
     /// Builds the next round — what changed since the last one, plus the
     /// refresh slice — and hands it to every link. Rounds with nothing in
-    /// them are not sent (they still take a sequence number).
+    /// them are not sent (they still take a sequence number). The ledger
+    /// records only what was encoded: if encoding fails, the round's
+    /// changes stay flagged for the next one.
     pub(crate) fn round(&self, core: &Core) -> Result<(), FrameError> {
         let mut ledger = self.lock();
         let entries = core.registry.list();
-        let now = Instant::now();
+        let refresh_before = ledger.refresh_state();
         let (refresh_start, refresh_count) =
-            ledger.refresh_slice(now, entries.len(), self.refresh_every);
+            ledger.refresh_slice(Instant::now(), entries.len(), self.refresh_every);
         let refreshed = |pos: usize| {
             let live = entries.len().max(1);
             (pos + live - refresh_start % live) % live < refresh_count
         };
         let read_at = unix_micros();
         let mut batch = Batch::default();
+        let mut told_now: Vec<(&WorkerEntry, Told)> = Vec::new();
         for (pos, entry) in entries.iter().enumerate() {
             if entry.id == u32::MAX {
                 continue;
@@ -297,42 +355,90 @@ impl Outbox {
             match (changed, prev) {
                 (Some(next), _) => {
                     emit_changes(&mut batch, entry, prev.as_ref(), &next);
-                    ledger.set(entry, next);
+                    told_now.push((entry, next));
                 }
                 (None, Some(told)) if refreshed(pos) => batch.all_of(entry, &told),
                 _ => {}
             }
         }
-        let set_version = core.worker_set.version();
-        let set_frames = if ledger.set_version == Some(set_version) {
-            Vec::new()
-        } else {
-            ledger.set_version = Some(set_version);
-            worker_set_frames(core)?
+        let now = Instant::now();
+        let digest_since = *ledger.digest_since.get_or_insert(now);
+        let digest_due = now.saturating_duration_since(digest_since) >= self.refresh_every;
+        let own_writes = core.worker_set.lock().take_own_changes();
+        let encoded = self.encode_round(core, &ledger, batch, &own_writes, digest_due);
+        let encoded = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                for (entry, _) in &told_now {
+                    entry.keep_changed();
+                }
+                core.worker_set.lock().restore_own_changes(&own_writes);
+                ledger.restore_refresh(refresh_before);
+                return Err(e);
+            }
         };
+        for (entry, next) in told_now {
+            ledger.set(entry, next);
+        }
+        if let Some(round) = encoded.round {
+            ledger.round = round;
+        }
+        if encoded.digest_sent {
+            ledger.digest_since = Some(now);
+        }
+        ledger.last_read_us = read_at;
         ledger.seq += 1;
         let seq = ledger.seq;
+        let mut frames = encoded.frames;
+        // Sightings are outside the ledger (taken from their queue here).
+        frames.extend(core.sightings.frames()?);
+        if !frames.is_empty() {
+            // No receiver (no link up) is not an error: the ledger holds it.
+            let _ = self.rounds.send(Arc::new(Round {
+                seq,
+                frames,
+                set_bytes: encoded.set_bytes,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The frames of a round: its updates (stamped with a new wire round
+    /// if there are any), this node's own worker-set writes, and the
+    /// digest when it is due. Changes nothing in the ledger.
+    fn encode_round(
+        &self,
+        core: &Core,
+        ledger: &Ledger,
+        batch: Batch,
+        own_writes: &[WorkerSetEntry],
+        digest_due: bool,
+    ) -> Result<Encoded, FrameError> {
         let mut frames = Vec::new();
+        let mut round = None;
         if !batch.is_empty() {
-            let round = core.round.fetch_add(1, Ordering::Relaxed) + 1;
+            let next = core.round.fetch_add(1, Ordering::Relaxed) + 1;
             // The lag histogram needs one sample in a few rounds, not
             // eight bytes in every one.
-            let prev_read = if round.is_multiple_of(LAG_SAMPLE_EVERY) {
+            let prev_read = if next.is_multiple_of(LAG_SAMPLE_EVERY) {
                 ledger.last_read_us
             } else {
                 0
             };
-            frames = batch.encode(round, prev_read)?;
-            ledger.round = round;
+            frames = batch.encode(next, prev_read)?;
+            round = Some(next);
         }
-        ledger.last_read_us = read_at;
-        frames.extend(set_frames);
-        frames.extend(core.sightings.frames()?);
-        if !frames.is_empty() {
-            // No receiver (no link up) is not an error: the ledger holds it.
-            let _ = self.rounds.send(Arc::new(Round { seq, frames }));
+        let mut set = worker_frames::entries(own_writes)?;
+        if digest_due {
+            set.extend(worker_frames::digest(core.worker_set.lock().digest())?);
         }
-        Ok(())
+        frames.extend(set.frames);
+        Ok(Encoded {
+            frames,
+            set_bytes: set.bytes,
+            round,
+            digest_sent: digest_due,
+        })
     }
 }
 
@@ -374,7 +480,7 @@ fn changes(entry: &WorkerEntry, prev: Option<&Told>) -> Option<Told> {
 /// The entries that tell a peer holding `prev` what `next` says.
 fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, next: &Told) {
     if prev.is_none_or(|p| p.polled != next.polled) {
-        batch.cur.keys.push(KeyDef {
+        batch.key(KeyDef {
             id: entry.id,
             key: entry.key.to_string(),
             polled: next.polled,
@@ -383,13 +489,13 @@ fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, nex
     if let Some(counts) = next.slot
         && prev.is_none_or(|p| p.slot != next.slot)
     {
-        batch.cur.slots.push(SlotEntry {
+        batch.slot(SlotEntry {
             id: entry.id,
             counts,
         });
     }
     if next.basis_ms > 0 && prev.is_none_or(|p| p.basis_ms != next.basis_ms) {
-        batch.cur.bases.push(BasisEntry {
+        batch.basis(BasisEntry {
             id: entry.id,
             polled_at_unix_ms: next.basis_ms,
         });
@@ -397,7 +503,7 @@ fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, nex
     if let Some((seq, s)) = next.snapshot
         && prev.is_none_or(|p| p.snapshot.map(|x| x.0) != Some(seq))
     {
-        batch.cur.snapshots.push(snapshot_entry(entry.id, &s));
+        batch.snapshot(snapshot_entry(entry.id, &s));
     }
     batch.entry_done();
 }

@@ -2,8 +2,9 @@
 //! worker is owned by the member whose `hash(member, worker)` is largest.
 //! When a member joins or leaves, only the workers it wins or held move.
 //!
-//! The hash is FNV-1a with a splitmix64 finaliser, written out here so every
-//! replica computes the same owner whatever its Rust version or platform.
+//! The hash is FNV-1a with a splitmix64 finaliser (`stable_hash`), so
+//! every replica computes the same owner whatever its Rust version or
+//! platform.
 //!
 //! Two builds that hash differently would each believe a different member
 //! owns a worker, and some workers would be polled by nobody. So the hash
@@ -16,19 +17,7 @@
 
 use std::sync::Arc;
 
-fn fnv1a(bytes: impl Iterator<Item = u8>, mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use crate::stable_hash::{FNV_OFFSET, fnv1a, mix};
 
 /// Version of [`weight`], gossiped as `ownership_hash`. Bump it with any
 /// change to the hash (the known-answer test below fails until then); a
@@ -47,7 +36,7 @@ pub fn gossiped_hash_version(value: Option<&str>) -> Option<u32> {
 
 /// The rendezvous weight of `member` for `worker`.
 pub fn weight(member: &str, worker: &str) -> u64 {
-    let h = fnv1a(member.bytes(), 0xcbf2_9ce4_8422_2325);
+    let h = fnv1a(member.bytes(), FNV_OFFSET);
     let h = fnv1a(std::iter::once(0xff).chain(worker.bytes()), h);
     mix(h)
 }

@@ -2,20 +2,23 @@
 //!
 //! After the session's `Hello`: the ledger (what every peer was told, as of
 //! the last round) and the worker set, then every later round as the
-//! outbox built it — the same bytes every link writes (see `outbox`). A
-//! link that falls too far behind is sent the ledger again. On shutdown:
-//! the last round, then `Bye`, so the peer stops counting us at once.
+//! outbox built it — the same bytes every link writes (see `outbox`) — and
+//! this link's own worker-set repairs (the session's answers to the peer's
+//! digests). A link that falls too far behind is sent the ledger again. On
+//! shutdown: the last round, then `Bye`, so the peer stops counting us at
+//! once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::{Connection, SendStream};
 use shoal_proto::frames::Frame;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::core::Core;
 use crate::outbox::Round;
 use crate::wire::{StreamError, write_frame};
+use crate::worker_frames::Encoded;
 
 /// Timings of a link (the pace of its rounds is the node's, see `rounds`).
 #[derive(Debug, Clone, Copy)]
@@ -39,10 +42,12 @@ impl WireMeter {
     }
 }
 
+/// Writes `frames`, of which `set_bytes` are worker-set frames.
 async fn write_all(
     core: &Core,
     stream: &mut SendStream,
     frames: &[Vec<u8>],
+    set_bytes: usize,
 ) -> Result<(), StreamError> {
     let mut bytes = 0;
     for frame in frames {
@@ -50,14 +55,15 @@ async fn write_all(
         bytes += frame.len();
     }
     core.telemetry.frames_sent(frames.len(), bytes);
+    core.telemetry.worker_set_sent(set_bytes);
     Ok(())
 }
 
 /// Sends the ledger; returns the sequence the link's rounds continue after.
 async fn send_ledger(core: &Core, stream: &mut SendStream) -> Result<u64, StreamError> {
-    let (frames, upto) = core.outbox.ledger_copy(core)?;
-    write_all(core, stream, &frames).await?;
-    Ok(upto)
+    let copy = core.outbox.ledger_copy(core)?;
+    write_all(core, stream, &copy.frames, copy.set_bytes).await?;
+    Ok(copy.upto)
 }
 
 /// Writes `round` unless the ledger copy already covered it.
@@ -68,18 +74,20 @@ async fn send_round(
     upto: u64,
 ) -> Result<(), StreamError> {
     if round.seq > upto {
-        write_all(core, stream, &round.frames).await?;
+        write_all(core, stream, &round.frames, round.set_bytes).await?;
     }
     Ok(())
 }
 
-/// Pushes the node's rounds on `stream` (its `Hello` already sent) until
-/// the connection fails or `stop` fires; on stop, sends the last round and
+/// Pushes the node's rounds, and the worker-set repairs the session hands
+/// it in `repairs`, on `stream` (its `Hello` already sent) until the
+/// connection fails or `stop` fires; on stop, sends the last round and
 /// `Bye`, and finishes.
 pub(crate) async fn push(
     core: &Core,
     conn: &Connection,
     stream: &mut SendStream,
+    mut repairs: mpsc::Receiver<Encoded>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), StreamError> {
     // Subscribed before the copy: no round between the two is missed.
@@ -112,6 +120,9 @@ pub(crate) async fn push(
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
+            Some(repair) = repairs.recv() => {
+                write_all(core, stream, &repair.frames, repair.bytes).await?;
+            }
             changed = stop.changed() => {
                 if changed.is_err() {
                     return Ok(());

@@ -16,9 +16,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::mpsc;
+
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
-use shoal_proto::frames::{Frame, Hello, MAX_SIGHTINGS_PER_FRAME};
+use shoal_proto::frames::{Frame, Hello, MAX_SIGHTINGS_PER_FRAME, WorkerDigestFrame};
 
 use crate::core::{Core, LinkInfo};
 use crate::identity::{Incarnation, valid_node_name};
@@ -26,6 +28,7 @@ use crate::push::{LinkTimings, push};
 use crate::timings::{DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, HELLO_TIMEOUT};
 use crate::tls::cert_names_node;
 use crate::wire::{Read, StreamError, read_frame, write_frame};
+use crate::worker_frames::{self, Encoded};
 
 /// True when this node dials `peer` (the other side waits to be dialed).
 pub(crate) fn dials(me: &Incarnation, peer: &Incarnation) -> bool {
@@ -168,13 +171,20 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>) {
     }
     tracing::info!(peer = %peer, "mesh peer verified");
     let shutdown = core.shutdown.subscribe();
+    // One repair at a time: while one is being written, a digest asking
+    // for another is answered by the next digest instead.
+    let (repair_tx, repair_rx) = mpsc::channel(1);
+    let mut repairs = Repairs {
+        tx: repair_tx,
+        last: None,
+    };
     tokio::select! {
-        result = push(core, conn, &mut send, shutdown) => {
+        result = push(core, conn, &mut send, repair_rx, shutdown) => {
             if let Err(e) = result {
                 tracing::debug!(peer = %peer, error = %e, "mesh push ended");
             }
         }
-        () = receive(core, conn, &peer, &mut recv) => {}
+        () = receive(core, conn, &peer, &mut recv, &mut repairs) => {}
     }
     conn.close(0u32.into(), b"done");
     let mut tables = core.tables();
@@ -188,9 +198,52 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>) {
     core.refresh_membership(&mut tables);
 }
 
+/// This link's answers to the peer's worker-set digests.
+struct Repairs {
+    tx: mpsc::Sender<Encoded>,
+    /// When the last digest was answered.
+    last: Option<Instant>,
+}
+
+impl Repairs {
+    /// Sends the peer this node's entries of the buckets where its digest
+    /// differs. A peer sends one digest per anti-entropy interval; one
+    /// arriving sooner than half of that after the last is dropped,
+    /// counted, so a peer cannot make this node resend its set at will.
+    fn answer(&mut self, core: &Core, digest: &WorkerDigestFrame) {
+        let gap = core.outbox.refresh_every() / 2;
+        if self.last.is_some_and(|last| last.elapsed() < gap) {
+            core.telemetry.dropped("worker_digest_early");
+            return;
+        }
+        let Some(entries) = core.worker_set.lock().repair_for(&digest.buckets) else {
+            core.telemetry.dropped("worker_digest_shape");
+            return;
+        };
+        self.last = Some(Instant::now());
+        if entries.is_empty() {
+            return;
+        }
+        match worker_frames::entries(&entries) {
+            // Full: a repair is still being written; the next digest asks
+            // again.
+            Ok(repair) => {
+                let _ = self.tx.try_send(repair);
+            }
+            Err(e) => tracing::warn!(error = %e, "worker-set repair could not be encoded"),
+        }
+    }
+}
+
 /// Merges the peer's frames until its stream ends, it says `Bye`, or its
 /// framing breaks.
-async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut RecvStream) {
+async fn receive(
+    core: &Core,
+    conn: &Connection,
+    peer: &Incarnation,
+    recv: &mut RecvStream,
+    repairs: &mut Repairs,
+) {
     let mut dict: HashMap<u32, Arc<str>> = HashMap::new();
     loop {
         match read_frame(recv).await {
@@ -216,9 +269,11 @@ async fn receive(core: &Core, conn: &Connection, peer: &Incarnation, recv: &mut 
             }
             Ok(Read::Frame(Frame::Workers(frame), bytes)) => {
                 core.telemetry.frame_received(bytes);
-                for refused in core.worker_set.merge(&frame.entries) {
-                    core.telemetry.dropped(refused.reason());
-                }
+                core.merge_workers(peer, &frame.entries);
+            }
+            Ok(Read::Frame(Frame::WorkersDigest(digest), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                repairs.answer(core, &digest);
             }
             Ok(Read::Frame(Frame::Sightings(frame), bytes)) => {
                 core.telemetry.frame_received(bytes);

@@ -69,14 +69,57 @@ impl OwnCounters {
     }
 }
 
-/// How many (time, dispatched) samples a slot keeps: at one sample per
-/// sync interval with bookings, about a second of history at 20 ms.
-const HISTORY_SAMPLES: usize = 64;
+/// Time buckets a dispatch history's span is cut into; a bucket keeps its
+/// first and its latest sample, so memory is bounded whatever the span or
+/// the sampling rate (at most [`MAX_HISTORY_SAMPLES`], about 2 KiB a
+/// worker), and a time just after a sample is answered as precisely as
+/// the sampling allows.
+pub(crate) const HISTORY_BUCKETS: u64 = 64;
 
-/// Recent values of the own `dispatched` counter, so a snapshot learned
-/// from a peer rebases to what this replica had dispatched when the engine
-/// was polled, not when the news arrived (work routed in between stays
-/// counted: an over-estimate of one sample interval at most).
+/// Most samples a history holds: two per bucket over the span, plus the
+/// buckets at its two edges and the sample before its start.
+pub(crate) const MAX_HISTORY_SAMPLES: usize = 2 * (HISTORY_BUCKETS as usize + 2) + 1;
+
+/// How far back a dispatch history reaches, and the width of its buckets
+/// (the span over [`HISTORY_BUCKETS`]): memory is bounded by the bucket
+/// count, reach by time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HistoryWindow {
+    /// Reach, ms: a poll time this far back is answered exactly.
+    pub(crate) span_ms: u64,
+    /// Bucket width, ms.
+    pub(crate) step_ms: u64,
+}
+
+impl HistoryWindow {
+    /// A window reaching `span` back.
+    pub(crate) fn new(span: Duration) -> Self {
+        let span_ms = u64::try_from(span.as_millis()).unwrap_or(u64::MAX).max(1);
+        Self {
+            span_ms,
+            step_ms: span_ms.div_ceil(HISTORY_BUCKETS),
+        }
+    }
+}
+
+/// What the own `dispatched` counter was at a past time, as the history
+/// knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dispatched {
+    /// A value sampled before that time (a lower bound of the counter then,
+    /// so the work counted since is an over-estimate of at most a step).
+    Then(u64),
+    /// The time is older than the history reaches: the oldest sample it
+    /// holds (the counter at or after the window's start). Counting from
+    /// it undercounts the work between the poll and that sample, but keeps
+    /// the count within the window's work: bounded, where keeping the
+    /// older base would let it grow with every booking.
+    Oldest(u64),
+}
+
+/// Recent values of the own `dispatched` counter over a [`HistoryWindow`],
+/// so a snapshot learned from a peer rebases to what this replica had
+/// dispatched when the engine was polled, not when the news arrived.
 #[derive(Debug, Default)]
 pub(crate) struct DispatchHistory {
     samples: VecDeque<(u64, u64)>,
@@ -94,25 +137,47 @@ impl DispatchHistory {
         }
     }
 
-    /// Records `value` at `now_ms` if it changed since the last sample.
-    pub(crate) fn sample(&mut self, now_ms: u64, value: u64) {
-        if self.samples.back().is_some_and(|&(_, v)| v == value) {
+    /// Records `value` at `now_ms` if it changed since the last sample
+    /// (within a bucket, the latest sample replaces the one after the
+    /// bucket's first); forgets samples no time in the window needs.
+    pub(crate) fn sample(&mut self, now_ms: u64, value: u64, window: HistoryWindow) {
+        // A clock that went back records nothing until it passes again.
+        if let Some(&(t, v)) = self.samples.back()
+            && (v == value || now_ms < t)
+        {
             return;
         }
-        if self.samples.len() == HISTORY_SAMPLES {
+        let bucket = |t: u64| t / window.step_ms;
+        let n = self.samples.len();
+        let in_bucket = |i: usize| {
+            self.samples
+                .get(i)
+                .is_some_and(|&(t, _)| bucket(t) == bucket(now_ms))
+        };
+        if n >= 2 && in_bucket(n - 2) && in_bucket(n - 1) {
+            self.samples[n - 1] = (now_ms, value);
+        } else {
+            self.samples.push_back((now_ms, value));
+        }
+        // The oldest sample answers times before the second oldest; once
+        // that one is past the window's start, no time in it needs it.
+        let start = now_ms.saturating_sub(window.span_ms);
+        while self.samples.get(1).is_some_and(|&(t, _)| t <= start)
+            || self.samples.len() > MAX_HISTORY_SAMPLES
+        {
             self.samples.pop_front();
             self.truncated = true;
         }
-        self.samples.push_back((now_ms, value));
     }
 
-    /// The value sampled before `at_ms` (a lower bound of the counter
-    /// then: a sample in the same millisecond may come after the poll, so
-    /// it is not used), or `None` when the history does not reach back.
-    pub(crate) fn at(&self, at_ms: u64) -> Option<u64> {
+    /// The counter at `at_ms`: the value sampled before it (a sample in
+    /// the same millisecond may come after the poll, so it is not used),
+    /// or the oldest sample when the history does not reach back.
+    pub(crate) fn at(&self, at_ms: u64) -> Dispatched {
         match self.samples.iter().rev().find(|&&(t, _)| t < at_ms) {
-            Some(&(_, v)) => Some(v),
-            None => (!self.truncated).then_some(0),
+            Some(&(_, v)) => Dispatched::Then(v),
+            None if !self.truncated => Dispatched::Then(0),
+            None => Dispatched::Oldest(self.samples.front().map_or(0, |&(_, v)| v)),
         }
     }
 }
@@ -218,6 +283,12 @@ impl WorkerEntry {
     pub(crate) fn changed(&self) {
         self.dirty.store(true, Ordering::Release);
         self.bell.ring();
+    }
+
+    /// Sets the change flag again without ringing: a round that could not
+    /// send what it read leaves it for the next round.
+    pub(crate) fn keep_changed(&self) {
+        self.dirty.store(true, Ordering::Release);
     }
 
     /// Clears the change flag; true if it was set.
@@ -446,20 +517,62 @@ mod tests {
 
     #[test]
     fn history_finds_the_value_at_or_before_a_time() {
+        let window = HistoryWindow::new(Duration::from_millis(640));
+        assert_eq!(window.step_ms, 10);
         let mut h = DispatchHistory::starting_at(50);
-        assert_eq!(h.at(10), Some(0), "before the counter existed");
-        h.sample(100, 5);
-        h.sample(120, 5); // unchanged: not stored
-        h.sample(140, 9);
-        assert_eq!(h.at(99), Some(0));
-        assert_eq!(h.at(100), Some(0), "same millisecond: maybe after");
-        assert_eq!(h.at(101), Some(5));
-        assert_eq!(h.at(140), Some(5));
-        assert_eq!(h.at(10_000), Some(9));
-        for t in 0..200u64 {
-            h.sample(1000 + t, 100 + t);
+        assert_eq!(h.at(10), Dispatched::Then(0), "before the counter existed");
+        h.sample(52, 3, window); // the bucket's latest after its first
+        h.sample(100, 5, window);
+        h.sample(120, 5, window); // unchanged: not stored
+        h.sample(140, 9, window);
+        h.sample(143, 10, window);
+        h.sample(147, 11, window); // replaces 143 (bucket 14 keeps 140, 147)
+        assert_eq!(h.at(51), Dispatched::Then(0));
+        assert_eq!(h.at(53), Dispatched::Then(3));
+        assert_eq!(
+            h.at(100),
+            Dispatched::Then(3),
+            "same millisecond: maybe after"
+        );
+        assert_eq!(h.at(101), Dispatched::Then(5));
+        assert_eq!(h.at(140), Dispatched::Then(5));
+        assert_eq!(h.at(145), Dispatched::Then(9), "143 was replaced");
+        assert_eq!(h.at(148), Dispatched::Then(11));
+        h.sample(130, 12, window); // the clock went back: ignored
+        assert_eq!(h.at(10_000), Dispatched::Then(11));
+    }
+
+    /// The history reaches back by time, whatever the sampling rate: a
+    /// sample every millisecond for ten seconds keeps at most
+    /// `MAX_HISTORY_SAMPLES` and still answers any time in the span within
+    /// two buckets; older times get the oldest sample.
+    #[test]
+    fn history_spans_its_window_in_bounded_memory() {
+        let window = HistoryWindow::new(Duration::from_secs(3));
+        let mut h = DispatchHistory::starting_at(0);
+        for t in 1..=10_000u64 {
+            h.sample(t, t, window);
+            assert!(h.samples.len() <= MAX_HISTORY_SAMPLES);
         }
-        assert_eq!(h.samples.len(), HISTORY_SAMPLES);
-        assert_eq!(h.at(141), None, "older than the history reaches");
+        assert_eq!(
+            h.at(10_001),
+            Dispatched::Then(10_000),
+            "the newest is exact"
+        );
+        for back in [1500, 2900] {
+            let at = 10_000 - back;
+            match h.at(at) {
+                Dispatched::Then(v) => {
+                    assert!(v < at && v + 2 * window.step_ms >= at, "{v} at {at}")
+                }
+                other => panic!("{back} ms back: {other:?}"),
+            }
+        }
+        // 5 s back is beyond the span: the oldest sample, itself at or
+        // before the window's start (so the work since stays in the span).
+        match h.at(5_000) {
+            Dispatched::Oldest(v) => assert!(v <= 7_000 && v + 2 * window.step_ms >= 7_000, "{v}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -45,6 +45,13 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 1_000;
 
 /// A claimed poll time as this replica stores it: no later than its wall
 /// clock `unix_ms` plus [`MAX_CLOCK_SKEW_MS`].
+///
+/// A poll time behind the clock is not raised: a snapshot that old (a slow
+/// poll, a poller whose clock is behind, an old snapshot copied to a new
+/// link) must read as old, so replicas poll the worker themselves. What a
+/// clock behind could break is the rebase of the own work since the poll;
+/// the dispatch history answers it exactly within its span and takes an
+/// older time as its start (`Core::rebase_to_peer_snapshot`).
 pub fn clamp_poll_time(claimed_ms: u64, unix_ms: u64) -> u64 {
     claimed_ms.min(unix_ms.saturating_add(MAX_CLOCK_SKEW_MS))
 }

@@ -4,7 +4,7 @@
 //! counts from), snapshot sources and poll owners, the traffic counters and
 //! the footprint of what the node keeps.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,6 +38,9 @@ pub struct MeshStatus {
     pub workers: Vec<WorkerStatus>,
     /// Frames, bytes and convergence lag.
     pub traffic: TrafficStatus,
+    /// `traffic.frames_dropped` by reason (the labels of
+    /// `shoal_mesh_frames_dropped_total`), so an operator sees why.
+    pub dropped_by_reason: BTreeMap<String, u64>,
     /// How much this node keeps (bounded by the live fleet).
     pub footprint: Footprint,
 }
@@ -180,6 +183,14 @@ fn footprint_of(core: &Core, tables: &Tables) -> Footprint {
     }
 }
 
+pub(crate) fn dropped_by_reason(core: &Core) -> BTreeMap<String, u64> {
+    core.telemetry
+        .drops()
+        .into_iter()
+        .map(|(reason, n)| (reason.to_string(), n))
+        .collect()
+}
+
 pub(crate) fn footprint(core: &Core) -> Footprint {
     let tables = core.tables();
     footprint_of(core, &tables)
@@ -278,6 +289,7 @@ pub(crate) fn build(core: &Core, gossip_addr: String, quic_addr: String) -> Mesh
         members,
         workers,
         traffic: core.telemetry.status(),
+        dropped_by_reason: dropped_by_reason(core),
         footprint,
     }
 }

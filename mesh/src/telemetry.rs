@@ -8,12 +8,14 @@
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
 //! `shoal_mesh_link_resyncs_total`, `shoal_mesh_sightings_received_total`,
-//! `shoal_mesh_sightings_dropped_total` (counters);
+//! `shoal_mesh_sightings_dropped_total`, `shoal_mesh_poll_times_clamped_total`,
+//! `shoal_mesh_rebase_history_short_total`,
+//! `shoal_mesh_worker_set_bytes_sent_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,6 +35,10 @@ pub(crate) struct Telemetry {
     gossip_bytes_sent: AtomicU64,
     gossip_bytes_received: AtomicU64,
     link_wire_bytes: AtomicU64,
+    worker_set_bytes_sent: AtomicU64,
+    rebase_history_short: AtomicU64,
+    /// `frames_dropped` by reason (reasons are a fixed set of labels).
+    drops: Mutex<BTreeMap<&'static str, u64>>,
     lag_us: Mutex<VecDeque<u64>>,
 }
 
@@ -56,6 +62,12 @@ pub struct TrafficStatus {
     /// UDP bytes (both ways, QUIC headers, ACKs and keep-alives included)
     /// of this node's outbound load links.
     pub link_wire_bytes: u64,
+    /// Worker-set frame bytes sent (own writes, whole sets to new links,
+    /// digests and repairs), summed over links.
+    pub worker_set_bytes_sent: u64,
+    /// Peer snapshots older than the own dispatch history reaches: the own
+    /// count was rebased to the history's oldest sample instead.
+    pub rebase_history_short: u64,
     /// Median convergence lag over the recent frames, ms.
     pub convergence_lag_p50_ms: Option<f64>,
     /// 99th percentile of the same, ms.
@@ -92,7 +104,25 @@ impl Telemetry {
     /// Counts one dropped frame, refused connection or bad entry.
     pub(crate) fn dropped(&self, reason: &'static str) {
         self.frames_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut drops) = self.drops.lock() {
+            *drops.entry(reason).or_default() += 1;
+        }
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(1);
+    }
+
+    /// Counts worker-set bytes written on one link.
+    pub(crate) fn worker_set_sent(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        self.worker_set_bytes_sent
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_worker_set_bytes_sent_total").increment(bytes as u64);
+    }
+
+    /// The drops so far, by reason.
+    pub(crate) fn drops(&self) -> BTreeMap<&'static str, u64> {
+        self.drops.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
     pub(crate) fn gossip_sent(&self, bytes: usize) {
@@ -128,9 +158,10 @@ impl Telemetry {
         metrics::counter!("shoal_mesh_poll_times_clamped_total").increment(1);
     }
 
-    /// A peer's snapshot arrived later than the own dispatch history
-    /// reaches: the own count keeps its older base (an over-estimate).
+    /// A peer's snapshot is older than the own dispatch history reaches:
+    /// the own count was rebased to the oldest sample the history holds.
     pub(crate) fn rebase_history_short(&self) {
+        self.rebase_history_short.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("shoal_mesh_rebase_history_short_total").increment(1);
     }
 
@@ -164,6 +195,8 @@ impl Telemetry {
             gossip_bytes_sent: self.gossip_bytes_sent.load(Ordering::Relaxed),
             gossip_bytes_received: self.gossip_bytes_received.load(Ordering::Relaxed),
             link_wire_bytes: self.link_wire_bytes.load(Ordering::Relaxed),
+            worker_set_bytes_sent: self.worker_set_bytes_sent.load(Ordering::Relaxed),
+            rebase_history_short: self.rebase_history_short.load(Ordering::Relaxed),
             convergence_lag_p50_ms: p50,
             convergence_lag_p99_ms: p99,
         }
@@ -196,10 +229,16 @@ pub fn describe_metrics() {
         "version",
         "unexpected_hello",
         "oversize_sightings",
+        "worker_set_forged_origin",
+        "worker_set_future",
+        "worker_set_full",
+        "worker_digest_shape",
+        "worker_digest_early",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }
     metrics::counter!("shoal_mesh_link_resyncs_total").increment(0);
+    metrics::counter!("shoal_mesh_worker_set_bytes_sent_total").increment(0);
     metrics::counter!("shoal_mesh_sightings_dropped_total").increment(0);
     describe_counter!(
         "shoal_mesh_sightings_received_total",
@@ -268,7 +307,13 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "shoal_mesh_rebase_history_short_total",
-        "Peer snapshots learned later than this replica's dispatch history reaches back."
+        "Peer snapshots older than this replica's dispatch history reaches: its own work since the poll was counted from the history's oldest sample (bounded by the history's span)."
+    );
+
+    describe_counter!(
+        "shoal_mesh_worker_set_bytes_sent_total",
+        Unit::Bytes,
+        "Worker-set frame bytes sent: own writes, whole sets to new links, digests and repairs."
     );
     describe_gauge!(
         "shoal_mesh_stale_basis_tokens",

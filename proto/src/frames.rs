@@ -58,6 +58,26 @@ pub enum Frame {
     /// the session). Lets every replica's affinity policy treat a prompt
     /// prefix seen anywhere in the fleet as seen.
     Sightings(SightingsFrame),
+    /// A digest of the sender's worker set (appended after `Sightings`,
+    /// the same way: an older build drops it, counted, and keeps the
+    /// session). A receiver whose own digest differs in a bucket sends back
+    /// its entries of that bucket, so what either side missed or refused is
+    /// repaired without anyone resending the whole set.
+    WorkersDigest(WorkerDigestFrame),
+}
+
+/// Buckets of a [`WorkerDigestFrame`]; a frame with another count is
+/// dropped, counted (a build that changes it must change the frame too).
+pub const WORKER_DIGEST_BUCKETS: usize = 64;
+
+/// The sender's worker set, summarised: per bucket of URLs, the XOR of a
+/// 64-bit hash of each entry (URL, stamp, origin, present), as the mesh's
+/// `worker_set::digest` computes it (pinned by its known-answer tests).
+/// Equal buckets hold equal entries (but for a 2^-64 chance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerDigestFrame {
+    /// [`WORKER_DIGEST_BUCKETS`] hashes, bucket by bucket.
+    pub buckets: Vec<u64>,
 }
 
 /// Most keys one [`SightingsFrame`] carries; a receiver drops, counted, a
@@ -415,6 +435,26 @@ mod tests {
             encode(&full).unwrap().len() < MAX_FRAME_BYTES,
             "a full frame fits"
         );
+    }
+
+    /// The worker-set digest, appended after the sightings: variant 5,
+    /// then the bucket hashes as varints. The older variants keep their
+    /// bytes (checked above).
+    #[test]
+    fn the_worker_digest_variant_is_appended_after_the_sightings() {
+        let frame = Frame::WorkersDigest(WorkerDigestFrame {
+            buckets: vec![0, 5, u64::MAX],
+        });
+        let bytes = encode(&frame).unwrap();
+        assert_eq!(
+            bytes,
+            [2, 5, 3, 0, 5, 253, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
+        assert_eq!(decode(&bytes).unwrap(), frame);
+        let full = Frame::WorkersDigest(WorkerDigestFrame {
+            buckets: vec![u64::MAX; WORKER_DIGEST_BUCKETS],
+        });
+        assert!(encode(&full).unwrap().len() <= 4 + 9 * WORKER_DIGEST_BUCKETS);
     }
 
     #[test]

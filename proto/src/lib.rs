@@ -6,6 +6,7 @@
 
 pub mod counts;
 pub mod figures;
+pub mod frame_size;
 pub mod frames;
 pub mod load;
 

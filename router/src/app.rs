@@ -71,7 +71,11 @@ impl Server {
             source,
         })?;
         let removal_ttl = config.discovery.worker_removal_ttl();
-        let mesh = mesh_setup::start(&config.mesh, http_addr, removal_ttl).await?;
+        let timings = mesh_setup::MeshTimings {
+            worker_removal_ttl: removal_ttl,
+            snapshot_stale_after: config.load.stale_after(),
+        };
+        let mesh = mesh_setup::start(&config.mesh, http_addr, timings).await?;
         let registry = Arc::new(Registry::with_mesh(
             &config.worker_urls,
             config.breaker.clone(),

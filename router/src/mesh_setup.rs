@@ -21,12 +21,23 @@ fn pem(path: &Option<std::path::PathBuf>, flag: &str) -> Result<PemSource, MeshS
         .ok_or_else(|| MeshStartError(format!("{flag} is required")))
 }
 
-/// Builds the mesh configuration from the flags; `worker_removal_ttl` is
-/// how long the fleet-wide worker set keeps a removal.
+/// What the mesh needs from flags outside `--mesh-*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshTimings {
+    /// How long the fleet-wide worker set keeps a removal
+    /// (`--worker-removal-ttl-secs`).
+    pub worker_removal_ttl: Duration,
+    /// Age past which a snapshot is not routed on (`--load-stale-after-ms`):
+    /// the own dispatch history reaches back this far, so any snapshot
+    /// still routed on rebases the own work since the poll exactly.
+    pub snapshot_stale_after: Duration,
+}
+
+/// Builds the mesh configuration from the flags.
 pub fn mesh_config(
     args: &MeshArgs,
     http_addr: SocketAddr,
-    worker_removal_ttl: Duration,
+    timings: MeshTimings,
 ) -> Result<MeshConfig, MeshStartError> {
     let tls = TlsConfig {
         ca: pem(&args.mesh_tls_ca, "--mesh-tls-ca")?,
@@ -46,7 +57,8 @@ pub fn mesh_config(
     mesh.push_min_gap = args.push_min_gap();
     mesh.max_push_rate = args.mesh_max_push_rate;
     mesh.version = env!("CARGO_PKG_VERSION").to_string();
-    mesh.worker_removal_ttl = worker_removal_ttl;
+    mesh.worker_removal_ttl = timings.worker_removal_ttl;
+    mesh.dispatch_history = timings.snapshot_stale_after;
     let advertised_http = match &args.mesh_advertise_host {
         Some(host) if http_addr.ip().is_unspecified() => format!("{host}:{}", http_addr.port()),
         _ => http_addr.to_string(),
@@ -60,12 +72,12 @@ pub fn mesh_config(
 pub async fn start(
     args: &MeshArgs,
     http_addr: SocketAddr,
-    worker_removal_ttl: Duration,
+    timings: MeshTimings,
 ) -> Result<Option<Arc<Mesh>>, MeshStartError> {
     if !args.enabled() {
         return Ok(None);
     }
-    let mesh_config = mesh_config(args, http_addr, worker_removal_ttl)?;
+    let mesh_config = mesh_config(args, http_addr, timings)?;
     let mesh = Mesh::start(mesh_config)
         .await
         .map_err(|e| MeshStartError(e.to_string()))?;

@@ -167,3 +167,56 @@ pub fn wait_for_full_mesh(nodes: &[&Node], within: Duration) -> bool {
         nodes.iter().all(|node| node.mesh().members().len() == n)
     })
 }
+
+/// A peer the test controls, holding a valid cluster certificate for its
+/// name: it says `Hello` to one node and then writes whatever frames the
+/// test gives it (its link counts while it is connected; it never reads
+/// what the node sends).
+pub struct RawPeer {
+    endpoint: quinn::Endpoint,
+    _conn: quinn::Connection,
+    send: quinn::SendStream,
+}
+
+impl RawPeer {
+    /// Connects to `node` as `name` (certified by `ca`) and says `Hello`.
+    pub fn connect(node: &Node, ca: &Ca, name: &str) -> Self {
+        use quinn::crypto::rustls::QuicClientConfig;
+        use shoal_mesh::proto::frames::{Frame, Hello, encode_prefixed};
+        let tls = shoal_mesh::tls::load(&ca.tls(name), Some(name)).unwrap();
+        let target = node.mesh().quic_addr();
+        let node_name = node.mesh().incarnation().name.to_string();
+        node.block_on(async {
+            let crypto = QuicClientConfig::try_from(tls.client.clone()).unwrap();
+            let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+            endpoint
+                .set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+            let conn = endpoint.connect(target, &node_name).unwrap().await.unwrap();
+            let mut send = conn.open_uni().await.unwrap();
+            let hello = Frame::Hello(Hello {
+                cluster_id: "test-cluster".into(),
+                node: name.into(),
+                generation: 1,
+            });
+            send.write_all(&encode_prefixed(&hello).unwrap())
+                .await
+                .unwrap();
+            Self {
+                endpoint,
+                _conn: conn,
+                send,
+            }
+        })
+    }
+
+    /// Writes `frame` (on `node`'s runtime, where the connection lives).
+    pub fn send(&mut self, node: &Node, frame: &shoal_mesh::proto::frames::Frame) {
+        let bytes = shoal_mesh::proto::frames::encode_prefixed(frame).unwrap();
+        node.block_on(self.send.write_all(&bytes)).unwrap();
+    }
+
+    /// Closes the connection.
+    pub fn close(self) {
+        self.endpoint.close(0u32.into(), b"");
+    }
+}
