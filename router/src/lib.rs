@@ -23,6 +23,7 @@ pub mod policy;
 pub mod proxy;
 pub mod reload;
 pub mod request;
+pub mod retry_rule;
 pub mod serving;
 pub mod sources;
 pub mod telemetry;

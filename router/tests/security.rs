@@ -283,9 +283,11 @@ async fn a_worker_that_accepts_and_never_answers_loses_the_request_at_the_attemp
     let mut args = base_args(&[&stalled.url, &healthy.url]);
     args.extend(["--attempt-timeout-secs".into(), "1".into()]);
     let router = Router::start(&args).await;
+    // A GET is idempotent, so it goes to another worker after the attempt
+    // deadline (a POST would not: `retry_policy.rs`).
     for _ in 0..2 {
         let started = Instant::now();
-        let response = router.chat(false).await;
+        let response = reqwest::get(router.url("/v1/made/up")).await.unwrap();
         assert_eq!(response.status(), 200);
         assert!(
             started.elapsed() < Duration::from_secs(4),
@@ -310,7 +312,7 @@ async fn a_worker_that_accepts_and_never_answers_loses_the_request_at_the_attemp
         args
     })
     .await;
-    let response = router.chat(false).await;
+    let response = reqwest::get(router.url("/v1/made/up")).await.unwrap();
     assert_eq!(response.status(), 504);
     assert!(
         response

@@ -24,9 +24,10 @@ pub struct ProxyConfig {
     pub request_timeout_secs: u64,
 
     /// Deadline for one attempt's response headers; past it the attempt
-    /// fails and the request is retried on another worker (nothing has
-    /// reached the client yet). Non-streamed requests answer only when
-    /// done: keep this above the longest one. 0 = off.
+    /// fails: an idempotent request (GET, DELETE, ...) is retried on
+    /// another worker, a POST gets 504 (the engine may be running it).
+    /// Non-streamed requests answer only when done: keep this above the
+    /// longest one. 0 = off.
     #[arg(long, env = "SHOAL_ATTEMPT_TIMEOUT_SECS", default_value_t = defaults::ATTEMPT_TIMEOUT_SECS)]
     pub attempt_timeout_secs: u64,
 

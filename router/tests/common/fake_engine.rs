@@ -176,6 +176,14 @@ async fn any_route(
         return inference(State(state), body).await;
     }
     state.requests.fetch_add(1, Ordering::SeqCst);
+    if state.stall.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let status = state.fixed_status.load(Ordering::SeqCst);
+    if status != 0 {
+        let status = StatusCode::from_u16(status).unwrap();
+        return (status, format!("{{\"error\":\"fixed status {status}\"}}")).into_response();
+    }
     axum::Json(serde_json::json!({"method": method.as_str(), "target": target})).into_response()
 }
 
