@@ -328,6 +328,7 @@ impl Outbox {
         ledger.last_read_us = read_at;
         frames.extend(set_frames);
         frames.extend(core.sightings.frames()?);
+        frames.extend(core.objects.frames()?);
         if !frames.is_empty() {
             // No receiver (no link up) is not an error: the ledger holds it.
             let _ = self.rounds.send(Arc::new(Round { seq, frames }));
