@@ -18,6 +18,7 @@ pub mod link;
 pub mod load;
 pub mod logging;
 pub mod mesh_setup;
+pub mod objects;
 pub mod otel;
 pub mod policy;
 pub mod proxy;

@@ -15,11 +15,12 @@ use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, Limited};
 
+use super::objects;
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody};
 use crate::auth::Forward;
 use crate::error::ApiError;
-use crate::proxy::{Outgoing, WorkerPool};
+use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::{self, Route};
 use crate::telemetry::{self, RequestRecord};
 use crate::{link, otel};
@@ -142,7 +143,17 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Forward::Drop => link::Authorization::Drop,
         Forward::Worker(key) => link::Authorization::Set(key),
     };
-    let outgoing = Outgoing {
+    let plan = objects::plan(
+        route,
+        &parts.method,
+        parts.uri.path(),
+        info.builds_on.as_deref(),
+    );
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(error) => return record.respond(error.into_response()),
+    };
+    let mut outgoing = Outgoing {
         method: &parts.method,
         headers: &parts.headers,
         authorization,
@@ -150,7 +161,14 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         path_and_query,
         body: bytes,
         info: &info,
+        placement: Placement::Any,
+        learn: None,
     };
+    if let Some(plan) = plan
+        && let Err(error) = objects::place(&app, workers, &mut outgoing, plan).await
+    {
+        return record.respond(error.into_response());
+    }
     let response = app.forwarder.forward(workers, outgoing, record).await;
     match permit {
         Some(permit) => AdmittedBody::wrap(response, permit),

@@ -5,6 +5,7 @@ mod admin;
 mod front;
 mod inference;
 mod info;
+mod objects;
 pub mod state;
 
 use std::sync::Arc;

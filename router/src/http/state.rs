@@ -11,6 +11,7 @@ use crate::admission::Admission;
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::fleet::FleetView;
+use crate::objects::ObjectTable;
 use crate::policy::Policy;
 use crate::proxy::Forwarder;
 use crate::request::Route;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub mesh: Option<Arc<Mesh>>,
     /// Overload admission (`--max-concurrent-requests`).
     pub admission: Admission,
+    /// Which worker holds each stored object (fleet-wide with the mesh).
+    pub objects: Arc<ObjectTable>,
     /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
     pub draining: AtomicBool,
 }

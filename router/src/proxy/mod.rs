@@ -25,6 +25,7 @@
 //! ([`Forwarder`]) and borrows the workers to choose from ([`WorkerPool`]).
 
 mod body;
+mod locate;
 mod retry;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use crate::config::RetryConfig;
 use crate::error::ApiError;
 use crate::fleet::FleetView;
 use crate::link::{self, LinkBody};
+use crate::objects::{self, LearnId};
 use crate::policy::Policy;
 use crate::request::RequestInfo;
 use crate::retry_rule::{self, Progress, Verdict};
@@ -47,6 +49,7 @@ use crate::upstream;
 use crate::workers::{Booking, ModelNotFound, Registry, Worker};
 
 pub use body::TrackedBody;
+pub use locate::{Learn, Located, Placement};
 
 /// Explains an empty candidate set to the client.
 fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
@@ -122,6 +125,10 @@ pub struct Outgoing<'a> {
     pub body: Bytes,
     /// What the policy and the booking read about the request.
     pub info: &'a RequestInfo,
+    /// Which workers it may go to (a stored object pins it to one).
+    pub placement: Placement,
+    /// Record where a stored object lives when the answer is a success.
+    pub learn: Option<Learn<'a>>,
 }
 
 /// Why an attempt got no response.
@@ -189,6 +196,7 @@ impl Answer {
         mut record: RequestRecord,
         deadline: tokio::time::Instant,
         expose_worker: bool,
+        learn: Option<Learn<'_>>,
     ) -> Response {
         record.first_byte();
         if let Some(span) = record.span() {
@@ -201,8 +209,23 @@ impl Answer {
         if expose_worker && let Ok(url) = http::HeaderValue::from_str(self.worker.url()) {
             parts.headers.insert("x-shoal-worker", url);
         }
+        let learn = learn.filter(|_| parts.status.is_success());
+        let worker_url = self.worker.clone();
         let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, record);
-        Response::from_parts(parts, Body::new(tracked))
+        let body = match learn {
+            None => Body::new(tracked),
+            Some(Learn {
+                table,
+                id: Some(id),
+            }) => {
+                table.learn(id, worker_url.url());
+                Body::new(tracked)
+            }
+            Some(Learn { table, id: None }) => {
+                Body::new(LearnId::new(tracked, table.clone(), worker_url.url()))
+            }
+        };
+        Response::from_parts(parts, body)
     }
 }
 
@@ -284,6 +307,46 @@ impl WorkerPool<'_> {
         Ok(Candidates::Some(candidates))
     }
 
+    /// The available workers serving `model` not in `tried` (locating an
+    /// object asks each worker once).
+    fn untried(
+        &self,
+        model: Option<&str>,
+        tried: &[Arc<Worker>],
+    ) -> Result<Candidates, Unroutable> {
+        let all = self.registry.serving(model).map_err(Unroutable::Model)?;
+        let untried: Vec<Arc<Worker>> = all
+            .iter()
+            .filter(|w| w.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, w)))
+            .cloned()
+            .collect();
+        match untried.is_empty() || tried.len() >= objects::MAX_LOCATE {
+            true => Err(Unroutable::Unavailable(NoCandidates(all))),
+            false => Ok(Candidates::Some(untried)),
+        }
+    }
+
+    /// The workers `placement` allows for the next attempt.
+    fn placed(
+        &self,
+        placement: &Placement,
+        model: Option<&str>,
+        tried: &[Arc<Worker>],
+    ) -> Result<Candidates, Unroutable> {
+        match placement {
+            Placement::Any => self.candidates(model, tried),
+            Placement::Locate => self.untried(model, tried),
+            Placement::Holder(worker) if worker.is_available() => {
+                Ok(Candidates::Some(vec![worker.clone()]))
+            }
+            Placement::Holder(worker) => {
+                Err(Unroutable::Unavailable(NoCandidates(Arc::new(vec![
+                    worker.clone(),
+                ]))))
+            }
+        }
+    }
+
     /// The policy's choice among `candidates`; a refusal is a 503.
     fn pick(
         &self,
@@ -314,7 +377,7 @@ impl Forwarder {
             .attempts(workers, &request, record.route(), deadline)
             .await
         {
-            Ok(answer) => answer.deliver(record, deadline, self.expose_worker),
+            Ok(answer) => answer.deliver(record, deadline, self.expose_worker, request.learn),
             Err(error) => record.respond(error.into_response()),
         }
     }
@@ -336,9 +399,11 @@ impl Forwarder {
         let mut last_failure: Option<Failure> = None;
         // The method whose retry the rule withheld, to say so.
         let mut withheld: Option<&Method> = None;
-        for attempt in 0..=self.max_retries {
+        // Retries made; locating an object moves on after a 404 without one.
+        let mut attempt: u32 = 0;
+        loop {
             let model = request.info.model.as_deref();
-            let candidates = match workers.candidates(model, &tried) {
+            let candidates = match workers.placed(&request.placement, model, &tried) {
                 Ok(candidates) => candidates,
                 Err(Unroutable::Model(missing)) => {
                     return Err(ApiError::model_not_found(&missing.model, &missing.served));
@@ -364,6 +429,14 @@ impl Forwarder {
                 .attempt(worker, request, token_work, attempt, deadline)
                 .await
             {
+                Outcome::Answered(answer)
+                    if matches!(request.placement, Placement::Locate)
+                        && answer.response.status() == http::StatusCode::NOT_FOUND
+                        && workers.untried(model, &tried).is_ok() =>
+                {
+                    // Not this worker's object: ask the next one at once.
+                    drop(answer.discard());
+                }
                 Outcome::Answered(answer) => match answer.verdict(method) {
                     Verdict::Retry if has_retry_left => {
                         let status = answer.response.status();
@@ -372,6 +445,7 @@ impl Forwarder {
                         self.retry
                             .release_and_sleep(answer.discard(), attempt, deadline)
                             .await;
+                        attempt += 1;
                     }
                     verdict => {
                         if verdict == Verdict::Unsafe && has_retry_left {
@@ -391,6 +465,7 @@ impl Forwarder {
                         self.retry
                             .release_and_sleep(booking, attempt, deadline)
                             .await;
+                        attempt += 1;
                     }
                     verdict => {
                         if verdict == Verdict::Unsafe && has_retry_left {

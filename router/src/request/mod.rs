@@ -42,6 +42,10 @@ pub struct RequestInfo {
     /// The request runs no model (tokenizing): booked as one request with
     /// no token-work, whatever its text.
     pub free: bool,
+    /// The stored object the request builds on, which only the engine
+    /// holding it can serve: a Responses request's
+    /// `previous_response_id`, a batch's `input_file_id` (see `objects`).
+    pub builds_on: Option<String>,
 }
 
 impl RequestInfo {
@@ -107,6 +111,10 @@ struct Body<'a> {
     sampling_params: Option<SamplingParams>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input_file_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Default)]
@@ -147,15 +155,19 @@ pub fn tokens_for_chars(chars: u64) -> u64 {
 }
 
 /// The top-level `model` string of a JSON object whose other fields did
-/// not have the expected shape.
-fn model_of_any_shape(body: &[u8]) -> Option<String> {
+/// not have the expected shape, and the stored object it builds on.
+fn model_of_any_shape(body: &[u8]) -> (Option<String>, Option<String>) {
     #[derive(Deserialize)]
     struct ModelOnly {
         model: Option<String>,
+        previous_response_id: Option<String>,
+        input_file_id: Option<String>,
     }
     serde_json::from_slice::<ModelOnly>(body)
         .ok()
-        .and_then(|m| m.model)
+        .map_or((None, None), |m| {
+            (m.model, m.previous_response_id.or(m.input_file_id))
+        })
 }
 
 /// Parses a request body; `want_text` keeps the prompt text for policies
@@ -164,10 +176,12 @@ pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
     let Ok(parsed) = serde_json::from_slice::<Body<'_>>(body) else {
         // Not our expected shape: still proxy it if it is JSON at all.
         serde_json::from_slice::<IgnoredAny>(body).map_err(|e| BodyError(e.to_string()))?;
+        let (model, builds_on) = model_of_any_shape(body);
         return Ok(RequestInfo {
             prompt_tokens: tokens_for_chars(body.len() as u64),
             text: want_text.then(|| String::from_utf8_lossy(body).into_owned()),
-            model: model_of_any_shape(body),
+            model,
+            builds_on,
             ..RequestInfo::default()
         });
     };
@@ -199,6 +213,10 @@ pub fn inspect(body: &[u8], want_text: bool) -> Result<RequestInfo, BodyError> {
         text: tally.text,
         model: parsed.model.map(Cow::into_owned),
         free: false,
+        builds_on: parsed
+            .previous_response_id
+            .or(parsed.input_file_id)
+            .map(Cow::into_owned),
     })
 }
 

@@ -55,6 +55,8 @@ pub struct EngineState {
     pub last_request: Mutex<Option<(String, String, Option<String>)>>,
     /// Path and `Authorization` header of every request, in order.
     pub authorizations: std::sync::Mutex<Vec<(String, Option<String>)>>,
+    /// Stored objects (responses, files, batches), when enabled.
+    pub objects: super::fake_objects::ObjectStore,
 }
 
 /// Records every request's path and `Authorization` header.
@@ -172,6 +174,10 @@ async fn any_route(
         .map(str::to_owned);
     let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     *state.last_request.lock().await = Some((method.to_string(), target.clone(), content_type));
+    if let Some(answer) = state.objects.handle(&method, uri.path(), &body) {
+        state.requests.fetch_add(1, Ordering::SeqCst);
+        return answer;
+    }
     if method == axum::http::Method::POST {
         return inference(State(state), body).await;
     }
