@@ -275,6 +275,30 @@ mod tests {
         assert_eq!(scan(&long), None);
     }
 
+    /// Random mixes of JSON-ish bytes: never a panic, only valid ids, and
+    /// the frame split never changes the result (the fuzz target's
+    /// property, `fuzz/fuzz_targets/object_id_scan.rs`, on a fixed seed).
+    #[test]
+    fn random_bodies_split_anywhere_scan_alike() {
+        use rand::{Rng, SeedableRng};
+        const ALPHABET: &[u8] = b"{}[]:,\"\\ idresponse_0-9ax\n";
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..2_000 {
+            let len = rng.random_range(0..200);
+            let body: Vec<u8> = (0..len)
+                .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+                .collect();
+            let whole = IdScanner::default().feed(&body);
+            if let Some(id) = &whole {
+                assert!(is_valid_id(id), "{id:?}");
+            }
+            let piece = rng.random_range(1..8);
+            let mut scanner = IdScanner::default();
+            let split = body.chunks(piece).find_map(|c| scanner.feed(c));
+            assert_eq!(whole, split, "{}", String::from_utf8_lossy(&body));
+        }
+    }
+
     #[test]
     fn it_stops_after_its_limit() {
         let late = format!(r#"{{"pad":"{}","id":"resp_late"}}"#, "p".repeat(SCAN_LIMIT));
