@@ -328,3 +328,26 @@ async fn the_holder_being_unavailable_is_503_not_another_worker() {
     );
     assert_eq!(about(&[other])[0], asked, "the other worker was not asked");
 }
+
+#[tokio::test]
+async fn a_refused_request_about_an_object_is_retried_on_its_holder_only() {
+    let (e1, e2) = (object_engine().await, object_engine().await);
+    let mut args = base_args(&[&e1.url, &e2.url]);
+    args.push("--disable-circuit-breaker".into());
+    let router = Router::start(&args).await;
+    let id = create_response(&router, false, None).await;
+    let (holder, other) = match e1.state.objects.holds(&id) {
+        true => (&e1, &e2),
+        false => (&e2, &e1),
+    };
+    holder.state.objects.refuse.store(2, Ordering::SeqCst);
+    let response = router
+        .post_json(&format!("/v1/responses/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(response.status(), 200, "503 twice, then served");
+    assert_eq!(
+        about(&[holder, other]),
+        [3, 0],
+        "every attempt went to the holder"
+    );
+}

@@ -27,6 +27,8 @@ pub struct ObjectStore {
     pub created: AtomicUsize,
     /// Creating requests that built on an object held here.
     pub built_on: AtomicUsize,
+    /// Requests about an object to refuse with 503 before serving again.
+    pub refuse: AtomicUsize,
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response {
@@ -102,6 +104,14 @@ impl ObjectStore {
             }
             (_, ["v1", "responses" | "files" | "batches", id, ..]) => {
                 self.about.fetch_add(1, Ordering::SeqCst);
+                let refuse = self.refuse.load(Ordering::SeqCst);
+                if refuse > 0 {
+                    self.refuse.store(refuse - 1, Ordering::SeqCst);
+                    return Some(json(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        serde_json::json!({"error": {"message": "busy", "code": "busy"}}),
+                    ));
+                }
                 if !self.holds(id) {
                     return Some(not_found("object"));
                 }
