@@ -18,6 +18,7 @@ use shoal_proto::frames::{MAX_KEY_BYTES, Update, WorkerSetEntry};
 use shoal_proto::{EngineKind, EngineLoad};
 
 use crate::identity::{Incarnation, unix_micros};
+use crate::objects::ObjectExchange;
 use crate::outbox::Outbox;
 use crate::registry::Registry;
 use crate::sightings::SightingExchange;
@@ -112,6 +113,9 @@ pub(crate) struct Core {
     /// Prompt keys seen here for the first time, for the next round, and
     /// where the peers' go.
     pub(crate) sightings: Arc<SightingExchange>,
+    /// Where objects created through this node live, for the next round,
+    /// and where the peers' pairs go.
+    pub(crate) objects: Arc<ObjectExchange>,
 }
 
 impl std::fmt::Debug for Core {
@@ -163,6 +167,7 @@ impl Core {
             worker_set,
             outbox: Outbox::new(refresh_every),
             sightings: Arc::default(),
+            objects: Arc::default(),
         }
     }
 

@@ -27,6 +27,7 @@ mod housekeeping;
 pub mod identity;
 mod membership;
 mod mesh;
+mod objects;
 mod outbox;
 pub mod ownership;
 mod push;
@@ -54,6 +55,7 @@ pub use config::{
 };
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};
+pub use objects::{MAX_PENDING_OBJECTS, ObjectReceiver, ObjectSender};
 pub use shoal_proto as proto;
 pub use sightings::{MAX_PENDING_SIGHTINGS, SightingReceiver, SightingSender};
 pub use slot::{FleetLoad, PollStamp, SlotBooking, SnapshotView, WorkerSlot};

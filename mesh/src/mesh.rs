@@ -26,6 +26,7 @@ use crate::identity::{Incarnation, next_generation};
 use crate::membership::{
     self, Dialers, KEY_HTTP, KEY_OWNERSHIP_HASH, KEY_QUIC, KEY_READINESS, KEY_VERSION,
 };
+use crate::objects::{ObjectReceiver, ObjectSender};
 use crate::push::LinkTimings;
 use crate::sightings::{SightingReceiver, SightingSender};
 use crate::slot::{PollStamp, WorkerSlot};
@@ -388,6 +389,18 @@ impl Mesh {
     /// already (the first call wins).
     pub fn on_peer_sightings(&self, receiver: SightingReceiver) -> bool {
         self.core.sightings.set_receiver(receiver)
+    }
+
+    /// The handle through which the router tells every peer where an
+    /// object created through it lives (see `objects`).
+    pub fn object_sender(&self) -> ObjectSender {
+        ObjectSender::new(&self.core.objects, self.core.registry.bell())
+    }
+
+    /// Sets where the (object id, worker) pairs peers learned are
+    /// delivered; false if one was set already (the first call wins).
+    pub fn on_peer_objects(&self, receiver: ObjectReceiver) -> bool {
+        self.core.objects.set_receiver(receiver)
     }
 
     /// Poll ownership of `worker` (rendezvous hashing) among the replicas

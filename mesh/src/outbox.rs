@@ -390,8 +390,10 @@ impl Outbox {
         ledger.seq += 1;
         let seq = ledger.seq;
         let mut frames = encoded.frames;
-        // Sightings are outside the ledger (taken from their queue here).
+        // Sightings and objects are outside the ledger (taken from their
+        // queues here).
         frames.extend(core.sightings.frames()?);
+        frames.extend(core.objects.frames()?);
         if !frames.is_empty() {
             // No receiver (no link up) is not an error: the ledger holds it.
             let _ = self.rounds.send(Arc::new(Round {

@@ -20,7 +20,9 @@ use tokio::sync::mpsc;
 
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
-use shoal_proto::frames::{Frame, Hello, MAX_SIGHTINGS_PER_FRAME, WorkerDigestFrame};
+use shoal_proto::frames::{
+    Frame, Hello, MAX_OBJECTS_PER_FRAME, MAX_SIGHTINGS_PER_FRAME, WorkerDigestFrame,
+};
 
 use crate::core::{Core, LinkInfo};
 use crate::identity::{Incarnation, valid_node_name};
@@ -283,6 +285,20 @@ async fn receive(
                 }
                 core.telemetry.sightings_received(frame.keys.len());
                 core.sightings.deliver(&frame.keys);
+            }
+            Ok(Read::Frame(Frame::Objects(mut frame), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                if frame.entries.len() > MAX_OBJECTS_PER_FRAME {
+                    core.telemetry.dropped("oversize_objects");
+                    continue;
+                }
+                let before = frame.entries.len();
+                frame.entries.retain(crate::objects::is_acceptable);
+                for _ in frame.entries.len()..before {
+                    core.telemetry.dropped("bad_object");
+                }
+                core.telemetry.objects_received(frame.entries.len());
+                core.objects.deliver(&frame.entries);
             }
             Ok(Read::Frame(Frame::Hello(_), _)) => core.telemetry.dropped("unexpected_hello"),
             Ok(Read::Bad(e)) => {

@@ -10,7 +10,8 @@
 //! `shoal_mesh_link_resyncs_total`, `shoal_mesh_sightings_received_total`,
 //! `shoal_mesh_sightings_dropped_total`, `shoal_mesh_poll_times_clamped_total`,
 //! `shoal_mesh_rebase_history_short_total`,
-//! `shoal_mesh_worker_set_bytes_sent_total` (counters);
+//! `shoal_mesh_worker_set_bytes_sent_total`, `shoal_mesh_objects_received_total`,
+//! `shoal_mesh_objects_dropped_total` (counters);
 //! `shoal_mesh_convergence_lag_seconds` (histogram: from the sender's
 //! previous read of its slots to the merge here, an upper bound on how stale
 //! a change carried by the frame was when it became visible).
@@ -94,6 +95,11 @@ impl Telemetry {
             .fetch_add(bytes as u64, Ordering::Relaxed);
         metrics::counter!("shoal_mesh_frames_received_total").increment(1);
         metrics::counter!("shoal_mesh_bytes_received_total").increment(bytes as u64);
+    }
+
+    /// Counts object pairs a peer reported (see `objects`).
+    pub(crate) fn objects_received(&self, entries: usize) {
+        metrics::counter!("shoal_mesh_objects_received_total").increment(entries as u64);
     }
 
     /// Counts prompt keys a peer reported seeing (see `sightings`).
@@ -234,12 +240,23 @@ pub fn describe_metrics() {
         "worker_set_full",
         "worker_digest_shape",
         "worker_digest_early",
+        "oversize_objects",
+        "bad_object",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }
     metrics::counter!("shoal_mesh_link_resyncs_total").increment(0);
     metrics::counter!("shoal_mesh_worker_set_bytes_sent_total").increment(0);
     metrics::counter!("shoal_mesh_sightings_dropped_total").increment(0);
+    metrics::counter!("shoal_mesh_objects_dropped_total").increment(0);
+    describe_counter!(
+        "shoal_mesh_objects_received_total",
+        "Stored-object locations (object id, worker) peers reported."
+    );
+    describe_counter!(
+        "shoal_mesh_objects_dropped_total",
+        "Stored-object locations not shared: the outbound queue was full, or the id or URL too long."
+    );
     describe_counter!(
         "shoal_mesh_sightings_received_total",
         "Prompt keys peers reported seeing for the first time (fleet-wide affinity evidence)."

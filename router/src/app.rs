@@ -17,6 +17,7 @@ use crate::engine_tls::{self, EngineTlsFiles};
 use crate::fleet::{FleetView, LocalFleet, MeshFleet};
 use crate::http::{self, state::AppState};
 use crate::mesh_setup::{self, MeshStartError};
+use crate::objects::ObjectTable;
 use crate::request::Route;
 use crate::serving::{self, FrontLimits, IoThreads};
 use crate::sources::{WorkerSources, kubernetes};
@@ -86,6 +87,10 @@ impl Server {
         if let (Some(mesh), Some(sightings)) = (&mesh, policy.sightings()) {
             mesh_setup::share_sightings(mesh, &sightings);
         }
+        let objects = Arc::new(ObjectTable::new(config.proxy.stored_objects_capacity));
+        if let Some(mesh) = &mesh {
+            mesh_setup::share_objects(mesh, &objects);
+        }
         let worker_set = match &mesh {
             Some(mesh) => mesh.worker_set(),
             None => SharedWorkerSet::local(config.mesh.node_name(), removal_ttl),
@@ -137,6 +142,7 @@ impl Server {
             route_metrics,
             metrics,
             mesh,
+            objects,
             draining: AtomicBool::new(false),
             admission: crate::admission::Admission::from_config(&config.admission),
             buffer_budget: crate::admission::buffer::BufferBudget::new(

@@ -108,6 +108,29 @@ impl ApiError {
         )
     }
 
+    /// 404 `object_not_found`: no worker holds the stored object the
+    /// request is about (every one asked said 404).
+    pub fn object_not_found(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "object_not_found",
+            message,
+        )
+    }
+
+    /// 503 `object_worker_unavailable`: the worker holding the stored
+    /// object the request is about cannot take it now; no other worker
+    /// has the object, so none is tried.
+    pub fn object_worker_unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "object_worker_unavailable",
+            message,
+        )
+    }
+
     /// 404 `model_not_found`: no worker serves `model`; the message lists
     /// what is served (OpenAI's code for an unknown model).
     pub fn model_not_found(model: &str, served: &[impl AsRef<str>]) -> Self {

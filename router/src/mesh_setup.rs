@@ -4,8 +4,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shoal_mesh::proto::frames::ObjectEntry;
 use shoal_mesh::{Mesh, MeshConfig, PemSource, TlsConfig};
 
+use crate::objects::ObjectTable;
 use crate::policy::Sightings;
 
 use crate::config::MeshArgs;
@@ -101,6 +103,20 @@ pub fn share_sightings(mesh: &Mesh, sightings: &Arc<Sightings>) {
     mesh.on_peer_sightings(Arc::new(move |keys: &[u64]| {
         if let Some(table) = table.upgrade() {
             table.absorb(keys);
+        }
+    }));
+}
+
+/// Makes `objects` fleet-wide: where an object created here lives goes to
+/// every peer, and the peers' pairs are recorded here (the mesh holds only
+/// a weak reference to the table).
+pub fn share_objects(mesh: &Mesh, objects: &Arc<ObjectTable>) {
+    let sender = mesh.object_sender();
+    objects.share_with(Box::new(move |id, worker| sender.send(id, worker)));
+    let table = Arc::downgrade(objects);
+    mesh.on_peer_objects(Arc::new(move |entries: &[ObjectEntry]| {
+        if let Some(table) = table.upgrade() {
+            table.absorb(entries.iter().map(|e| (e.id.as_str(), e.worker.as_str())));
         }
     }));
 }

@@ -21,6 +21,9 @@ pub const TIME_TO_FIRST_BYTE: &str = "shoal_time_to_first_byte_seconds";
 pub const TIME_TO_FIRST_TOKEN: &str = "shoal_time_to_first_token_seconds";
 /// Retries by route and reason.
 pub const RETRIES_TOTAL: &str = "shoal_retries_total";
+/// Failed attempts a retry was withheld from because the request may have
+/// run at the engine and its method is not idempotent, by route and reason.
+pub const RETRIES_UNSAFE_TOTAL: &str = "shoal_retries_unsafe_total";
 /// Requests in flight per worker (this replica's bookings).
 pub const WORKER_INFLIGHT_REQUESTS: &str = "shoal_worker_inflight_requests";
 /// Token-work in flight per worker.
@@ -153,6 +156,10 @@ fn describe() {
     describe_counter!(
         RETRIES_TOTAL,
         "Retries on another worker, by route and reason."
+    );
+    describe_counter!(
+        RETRIES_UNSAFE_TOTAL,
+        "Failed attempts not retried because the whole request reached the engine and its method is not idempotent (the failure or the engine's answer went to the client), by route and reason."
     );
     describe_gauge!(
         WORKER_INFLIGHT_REQUESTS,
@@ -293,6 +300,7 @@ impl RouteMetrics {
         // Retries are rare: their series start at 0 (see `zero_series`).
         for reason in ["status", "transport", "attempt_timeout"] {
             counter!(RETRIES_TOTAL, "route" => route, "reason" => reason).increment(0);
+            counter!(RETRIES_UNSAFE_TOTAL, "route" => route, "reason" => reason).increment(0);
         }
         Self {
             route,
@@ -416,6 +424,11 @@ impl Drop for RequestRecord {
 /// Records one retry.
 pub fn retry(route: &'static str, reason: &'static str) {
     counter!(RETRIES_TOTAL, "route" => route, "reason" => reason).increment(1);
+}
+
+/// Records one retry the retry rule withheld (see `retry_rule`).
+pub fn retry_unsafe(route: &'static str, reason: &'static str) {
+    counter!(RETRIES_UNSAFE_TOTAL, "route" => route, "reason" => reason).increment(1);
 }
 
 /// Records a worker's health after a check.

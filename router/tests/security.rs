@@ -3,19 +3,22 @@
 //! inference key does not open the admin routes; a Shoal key never reaches
 //! an engine while `--worker-api-key` does (side requests included); an
 //! `https://` engine is routed and checked through the CA given, and one
-//! of another CA is refused with the reason; a worker that accepts and
-//! never answers loses the request to another one at the attempt deadline.
+//! of another CA is refused with the reason, and a pooled connection it
+//! closed while idle is not reused for a POST; a worker that accepts and
+//! never answers loses an idempotent request to another one at the
+//! attempt deadline.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fake_engine::FakeEngine;
 use common::{Router, base_args, chat_body, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KEY: &str = "sk-inference-key-1";
 const ADMIN: &str = "sk-admin-key-0001";
@@ -284,6 +287,109 @@ fn tls_engine_identity() -> (Arc<rustls::ServerConfig>, String) {
     (Arc::new(config), ca.pem())
 }
 
+/// An HTTPS engine that answers every request with a small completion
+/// and closes a connection idle for `idle` (TLS close, then TCP), as an
+/// engine's keep-alive timeout does. Counts the chat requests it read.
+async fn idle_closing_tls_engine(
+    config: Arc<rustls::ServerConfig>,
+    idle: Duration,
+) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let chats = Arc::new(AtomicUsize::new(0));
+    let counter = chats.clone();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, counter) = (acceptor.clone(), counter.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut pending: Vec<u8> = Vec::new();
+                loop {
+                    // One request: its head, then its content-length body.
+                    let request = tokio::time::timeout(idle, async {
+                        loop {
+                            if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let head = String::from_utf8_lossy(&pending[..end]).to_lowercase();
+                                let len: usize = head
+                                    .lines()
+                                    .find_map(|l| l.strip_prefix("content-length:"))
+                                    .map_or(0, |v| v.trim().parse().unwrap());
+                                if pending.len() >= end + 4 + len {
+                                    pending.drain(..end + 4 + len);
+                                    return Some(head);
+                                }
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match tls.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return None,
+                                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                    })
+                    .await;
+                    let head = match request {
+                        Ok(Some(head)) => head,
+                        Ok(None) => return,
+                        Err(_idle) => {
+                            let _ = tls.shutdown().await;
+                            return;
+                        }
+                    };
+                    if head.starts_with("post /v1/chat/completions") {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let body = r#"{"id":"c1","object":"chat.completion","choices":[]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if tls.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, chats)
+}
+
+/// A POST is not resent after the whole request was written (`retry_rule`),
+/// so a pooled HTTPS connection the engine closed while it sat idle must be
+/// found before reuse: the pool probes the TCP socket under the TLS session.
+#[tokio::test]
+async fn a_post_after_an_https_engines_keep_alive_timeout_goes_on_a_fresh_connection() {
+    let (server, ca_pem) = tls_engine_identity();
+    let (url, chats) = idle_closing_tls_engine(server, Duration::from_millis(300)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca_pem).unwrap();
+    let mut args = base_args(&[&url]);
+    args.extend(["--worker-tls-ca".into(), ca_path.to_string_lossy().into()]);
+    args.extend(["--io-threads".into(), "1".into()]);
+    let router = Router::start(&args).await;
+    let client = reqwest::Client::new();
+    for round in 0..2 {
+        let response = client
+            .post(router.url("/v1/chat/completions"))
+            .json(&chat_body(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "round {round}: {:?}",
+            response.text().await
+        );
+        // Past the engine's idle timeout and the pool's probe age (1 s).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert_eq!(chats.load(Ordering::SeqCst), 2, "each POST once");
+}
+
 #[tokio::test]
 async fn an_https_engine_is_routed_and_checked_through_the_given_ca_and_refused_without_it() {
     let (server, ca_pem) = tls_engine_identity();
@@ -330,9 +436,11 @@ async fn a_worker_that_accepts_and_never_answers_loses_the_request_at_the_attemp
     let mut args = base_args(&[&stalled.url, &healthy.url]);
     args.extend(["--attempt-timeout-secs".into(), "1".into()]);
     let router = Router::start(&args).await;
+    // A GET is idempotent, so it goes to another worker after the attempt
+    // deadline (a POST would not: `retry_policy.rs`).
     for _ in 0..2 {
         let started = Instant::now();
-        let response = router.chat(false).await;
+        let response = reqwest::get(router.url("/v1/made/up")).await.unwrap();
         assert_eq!(response.status(), 200);
         assert!(
             started.elapsed() < Duration::from_secs(4),
@@ -357,7 +465,7 @@ async fn a_worker_that_accepts_and_never_answers_loses_the_request_at_the_attemp
         args
     })
     .await;
-    let response = router.chat(false).await;
+    let response = reqwest::get(router.url("/v1/made/up")).await.unwrap();
     assert_eq!(response.status(), 504);
     assert!(
         response

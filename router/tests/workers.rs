@@ -115,8 +115,10 @@ async fn a_dead_worker_leaves_rotation_and_returns_after_recovery() {
 
 #[tokio::test]
 async fn repeated_failures_open_the_circuit() {
+    // 503: the engine refused the work, so the POSTs are retried elsewhere
+    // (a 500 to a POST would pass through to the client).
     let failing = FakeEngine::start().await;
-    failing.state.fixed_status.store(500, Ordering::SeqCst);
+    failing.state.fixed_status.store(503, Ordering::SeqCst);
     let healthy = FakeEngine::start().await;
     let mut args = base_args(&[&failing.url, &healthy.url]);
     args.extend(

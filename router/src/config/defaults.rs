@@ -79,6 +79,10 @@ pub const CONNECT_TIMEOUT_MS: u64 = 3000;
 /// once; a non-streamed completion answers when it is done, so this must
 /// exceed the longest one (3 minutes: ~5,000 tokens at 30 tokens/s).
 pub const ATTEMPT_TIMEOUT_SECS: u64 = 180;
+/// Stored objects (responses, files, batches) whose engine a replica
+/// remembers: the newest this many (about 10 MiB when full; an object
+/// forgotten is located by asking the workers).
+pub const STORED_OBJECTS_CAPACITY: usize = 65_536;
 
 /// Inference requests proxied at once per replica; 0 = no limit (the router
 /// cannot know what its engines hold, so admission is opt-in).

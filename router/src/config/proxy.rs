@@ -31,9 +31,10 @@ pub struct ProxyConfig {
     pub request_timeout_secs: u64,
 
     /// Deadline for one attempt's response headers; past it the attempt
-    /// fails and the request is retried on another worker (nothing has
-    /// reached the client yet). Non-streamed requests answer only when
-    /// done: keep this above the longest one. 0 = off.
+    /// fails: an idempotent request (GET, DELETE, ...) is retried on
+    /// another worker, a POST gets 504 (the engine may be running it).
+    /// Non-streamed requests answer only when done: keep this above the
+    /// longest one. 0 = off.
     #[arg(long, env = "SHOAL_ATTEMPT_TIMEOUT_SECS", default_value_t = defaults::ATTEMPT_TIMEOUT_SECS)]
     pub attempt_timeout_secs: u64,
 
@@ -51,6 +52,13 @@ pub struct ProxyConfig {
     /// view when meshed). 0 = off.
     #[arg(long, env = "SHOAL_WORKER_MAX_INFLIGHT", default_value_t = defaults::WORKER_MAX_INFLIGHT)]
     pub worker_max_inflight: u64,
+
+    /// Stored objects (Responses API responses, files, batches) whose
+    /// engine this replica remembers, newest first, so requests about them
+    /// go to that engine; one forgotten is located by asking the workers
+    /// one at a time. 0 = remember none.
+    #[arg(long, env = "SHOAL_STORED_OBJECTS_CAPACITY", default_value_t = defaults::STORED_OBJECTS_CAPACITY)]
+    pub stored_objects_capacity: usize,
 }
 
 impl Default for ProxyConfig {
@@ -64,6 +72,7 @@ impl Default for ProxyConfig {
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
             worker_max_inflight: defaults::WORKER_MAX_INFLIGHT,
             expose_worker_header: false,
+            stored_objects_capacity: defaults::STORED_OBJECTS_CAPACITY,
         }
     }
 }

@@ -18,7 +18,9 @@ pub const RETRY_FLAGS: &str = "Retries";
 #[derive(Debug, Clone, PartialEq, Args)]
 #[command(next_help_heading = RETRY_FLAGS)]
 pub struct RetryConfig {
-    /// Retries after the first attempt, each on a re-selected worker.
+    /// Retries after the first attempt, each on a re-selected worker, and
+    /// only where the engine cannot have started the work or the method is
+    /// idempotent (README, "Retries").
     #[arg(long, env = "SHOAL_RETRY_MAX_RETRIES", default_value_t = defaults::RETRY_MAX_RETRIES)]
     pub retry_max_retries: u32,
 

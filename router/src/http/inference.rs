@@ -12,10 +12,11 @@ use axum::response::{IntoResponse, Response};
 use http::header;
 
 use super::body;
+use super::objects;
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody};
 use crate::auth::Forward;
-use crate::proxy::{Outgoing, WorkerPool};
+use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
 use crate::{link, otel};
@@ -99,8 +100,18 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Forward::Drop => link::Authorization::Drop,
         Forward::Worker(key) => link::Authorization::Set(key),
     };
+    let plan = objects::plan(
+        route,
+        &parts.method,
+        parts.uri.path(),
+        info.builds_on.as_deref(),
+    );
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(error) => return record.respond(error.into_response()),
+    };
     let body::ReadBody { bytes, reservation } = read;
-    let outgoing = Outgoing {
+    let mut outgoing = Outgoing {
         method: &parts.method,
         headers: &parts.headers,
         authorization,
@@ -108,7 +119,14 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         path_and_query,
         body: bytes,
         info: &info,
+        placement: Placement::Any,
+        learn: None,
     };
+    if let Some(plan) = plan
+        && let Err(error) = objects::place(&app, workers, &mut outgoing, plan).await
+    {
+        return record.respond(error.into_response());
+    }
     let response = app.forwarder.forward(workers, outgoing, record).await;
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);

@@ -6,6 +6,7 @@ mod body;
 mod front;
 mod inference;
 mod info;
+mod objects;
 pub mod state;
 
 use std::sync::Arc;

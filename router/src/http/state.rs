@@ -12,6 +12,7 @@ use crate::admission::buffer::BufferBudget;
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::fleet::FleetView;
+use crate::objects::ObjectTable;
 use crate::policy::Policy;
 use crate::proxy::Forwarder;
 use crate::request::Route;
@@ -50,6 +51,8 @@ pub struct AppState {
     pub admission: Admission,
     /// Request-body bytes held at once (`--max-buffered-request-bytes`).
     pub buffer_budget: Arc<BufferBudget>,
+    /// Which worker holds each stored object (fleet-wide with the mesh).
+    pub objects: Arc<ObjectTable>,
     /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
     pub draining: AtomicBool,
 }

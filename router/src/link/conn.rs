@@ -7,9 +7,17 @@
 //! connection is given back only after its response was read to the end.
 //! Nobody watches an idle connection, so the pool checks one before reuse
 //! when it sat idle for a while (a non-blocking read: an engine that closed
-//! it shows end-of-file), drops those idle past [`IDLE_TIMEOUT`], and the
-//! caller retries once on a fresh connection if a reused one turns out
-//! closed before any answer byte (`link::send`).
+//! it shows end-of-file) and drops those idle past [`IDLE_TIMEOUT`].
+//!
+//! Why the check matters: a reused connection that turns out closed after
+//! the request was written is sent again on a fresh one only for
+//! idempotent methods (`link::send`, `retry_rule`); a `POST` fails
+//! instead, since the router cannot tell an engine that closed an idle
+//! connection from one that read the request and died. Engines close idle
+//! connections after their keep-alive timeout (uvicorn's, under vLLM and
+//! SGLang, is 5 s), always longer than [`PROBE_AFTER`], so the check sees
+//! those closes before anything is written, and a `POST` loses only to a
+//! close that lands between the check and the write.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -31,7 +39,7 @@ use tokio_rustls::client::TlsStream;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// An idle connection older than this is checked for end-of-file before
 /// reuse (a syscall saved on busy connections, whose engine cannot have
-/// timed them out).
+/// timed them out: engines' keep-alive timeouts are seconds).
 pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Idle connections kept per engine per thread.
 pub const MAX_IDLE_PER_ENGINE: usize = 256;
@@ -163,6 +171,11 @@ impl Conn {
     }
 
     /// Writes `head` then `body` (vectored; both whole).
+    ///
+    /// An error means the last byte did not leave: each write call either
+    /// hands its bytes to the socket (or the TLS session) or fails, and a
+    /// TLS flush fails only while records are still unsent. So the engine
+    /// cannot have the whole request, which the retry rule relies on.
     pub async fn write_request(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
         let (mut head_sent, mut body_sent) = (0, 0);
         while head_sent < head.len() || body_sent < body.len() {
@@ -223,16 +236,16 @@ impl Conn {
         if idle < PROBE_AFTER {
             return true;
         }
-        match &self.stream {
-            Stream::Plain(tcp) => {
-                let mut probe = [0u8; 1];
-                matches!(tcp.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
-            }
-            // A TLS socket cannot be peeked at without decrypting: a
-            // connection the engine closed shows as a stale exchange, which
-            // `link::send` retries once on a new connection.
-            Stream::Tls(_) => true,
-        }
+        // Under TLS the probe reads the TCP socket beneath the session: an
+        // idle connection has nothing to say, so a byte there (a
+        // close_notify alert, or anything out of step) condemns it just as
+        // end-of-file does, and the byte it took is never missed.
+        let tcp = match &self.stream {
+            Stream::Plain(tcp) => tcp,
+            Stream::Tls(tls) => tls.get_ref().0,
+        };
+        let mut probe = [0u8; 1];
+        matches!(tcp.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
     }
 }
 

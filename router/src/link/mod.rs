@@ -39,6 +39,8 @@ use conn::idle_count;
 use conn::{Conn, ConnectError};
 use head::HeadError;
 
+use crate::retry_rule::{self, Progress, Verdict};
+
 /// Why an exchange with an engine failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -48,15 +50,20 @@ pub enum LinkError {
     /// No connection could be opened.
     #[error("{0}")]
     Connect(#[from] ConnectError),
-    /// Writing the request failed.
+    /// Writing the request failed before its last byte.
     #[error("sending the request failed: {0}")]
     Write(std::io::Error),
-    /// Reading the response failed.
+    /// Reading the response failed after part of it arrived.
     #[error("reading the response failed: {0}")]
     Read(std::io::Error),
-    /// The engine closed the connection before any byte of an answer.
-    #[error("the engine closed the connection before answering")]
+    /// The whole request was written, then the engine closed the
+    /// connection before any byte of an answer.
+    #[error("the engine closed the connection after the whole request was sent, before answering")]
     ClosedBeforeAnswer,
+    /// The whole request was written, then reading failed (a reset)
+    /// before any byte of an answer.
+    #[error("the connection failed after the whole request was sent, before any answer: {0}")]
+    LostBeforeAnswer(std::io::Error),
     /// The response head was refused.
     #[error("{0}")]
     Head(#[from] HeadError),
@@ -66,6 +73,25 @@ pub enum LinkError {
     /// The engine closed the connection in the middle of the response.
     #[error("the engine closed the connection mid-response")]
     Truncated,
+}
+
+impl LinkError {
+    /// How far the exchange got when it failed: what the retry rule
+    /// ([`retry_rule::verdict`]) decides a resend by.
+    pub fn progress(&self) -> Progress {
+        match self {
+            LinkError::Url(_) | LinkError::Connect(_) | LinkError::Write(_) => {
+                Progress::NotDelivered
+            }
+            LinkError::ClosedBeforeAnswer | LinkError::LostBeforeAnswer(_) => {
+                Progress::DeliveredNoAnswer
+            }
+            LinkError::Read(_)
+            | LinkError::Head(_)
+            | LinkError::Chunked(_)
+            | LinkError::Truncated => Progress::BrokenAnswer,
+        }
+    }
 }
 
 /// One request to send: everything but the worker.
@@ -162,10 +188,16 @@ impl<'a> Target<'a> {
 /// Sends `request` to the worker at `base` and returns the response with
 /// its body still on the wire.
 ///
-/// A pooled connection is used when this thread has one; if the engine
-/// turns out to have closed it before answering (its keep-alive timeout
-/// raced the reuse), the request goes once more on a new connection, as
-/// nothing of it was processed.
+/// A pooled connection is used when this thread has one. If it turns out
+/// dead before any answer byte (the engine's keep-alive timeout raced the
+/// reuse), the request goes once more on a new connection where the retry
+/// rule allows it: always when writing failed before the last byte, and
+/// after the whole request was written only for an idempotent method — a
+/// `POST` the engine read whole and then dropped the connection on may be
+/// running there, so its failure is returned instead. The pool probes a
+/// connection idle for [`conn::PROBE_AFTER`] for end-of-file before reuse,
+/// which catches the keep-alive closes (engines close idle connections
+/// after seconds) before anything is written, so that case stays rare.
 pub async fn send(
     base: &str,
     request: Request<'_>,
@@ -189,9 +221,8 @@ pub async fn send(
     };
     if let Some(conn) = conn::take(&key) {
         match exchange(conn, &head, request).await {
-            Err(Exchange::Stale(_)) => {}
-            Err(Exchange::Failed(err)) => return Err(err),
-            Ok(response) => return Ok(response),
+            Err(err) if is_stale(&err) && may_resend(request.method, &err) => {}
+            done => return done,
         }
     }
     let tls = match target.tls {
@@ -199,19 +230,22 @@ pub async fn send(
         true => Some((connector.tls.clone(), target.server_name()?)),
     };
     let conn = Conn::connect(Arc::from(key), &addr, tls, connector.timeout).await?;
-    match exchange(conn, &head, request).await {
-        Ok(response) => Ok(response),
-        Err(Exchange::Stale(err) | Exchange::Failed(err)) => Err(err),
-    }
+    exchange(conn, &head, request).await
 }
 
-/// How an exchange failed.
-enum Exchange {
-    /// Nothing came back and the connection is unusable: safe to resend
-    /// on a new one if this one was reused.
-    Stale(LinkError),
-    /// Anything else.
-    Failed(LinkError),
+/// Whether `err` is how a reused connection the engine had closed fails:
+/// nothing of an answer came back.
+fn is_stale(err: &LinkError) -> bool {
+    matches!(
+        err.progress(),
+        Progress::NotDelivered | Progress::DeliveredNoAnswer
+    )
+}
+
+/// Whether the retry rule lets a request of `method` that failed with
+/// `err` go once more.
+fn may_resend(method: &Method, err: &LinkError) -> bool {
+    retry_rule::verdict(method, err.progress()) == Verdict::Retry
 }
 
 /// Writes the request on `conn` and reads the response head.
@@ -219,17 +253,16 @@ async fn exchange(
     mut conn: Conn,
     head: &[u8],
     request: Request<'_>,
-) -> Result<Response<LinkBody>, Exchange> {
+) -> Result<Response<LinkBody>, LinkError> {
     conn.buf.clear();
     if let Err(err) = conn.write_request(head, request.body).await {
-        return Err(Exchange::Stale(LinkError::Write(err)));
+        return Err(LinkError::Write(err));
     }
     let mut received = false;
     loop {
         if !conn.buf.is_empty() {
             received = true;
-            let parsed = head::parse_response(&conn.buf, request.method)
-                .map_err(|err| Exchange::Failed(err.into()))?;
+            let parsed = head::parse_response(&conn.buf, request.method)?;
             if let Some((parsed, len)) = parsed {
                 conn.buf.advance(len);
                 if parsed.status.is_informational() {
@@ -244,10 +277,10 @@ async fn exchange(
             }
         }
         match conn.fill().await {
-            Ok(0) if !received => return Err(Exchange::Stale(LinkError::ClosedBeforeAnswer)),
-            Err(err) if !received => return Err(Exchange::Stale(LinkError::Read(err))),
-            Ok(0) => return Err(Exchange::Failed(LinkError::Truncated)),
-            Err(err) => return Err(Exchange::Failed(LinkError::Read(err))),
+            Ok(0) if !received => return Err(LinkError::ClosedBeforeAnswer),
+            Err(err) if !received => return Err(LinkError::LostBeforeAnswer(err)),
+            Ok(0) => return Err(LinkError::Truncated),
+            Err(err) => return Err(LinkError::Read(err)),
             Ok(_) => {}
         }
     }

@@ -102,9 +102,18 @@ async fn post_with(
     body: &'static str,
     headers: &HeaderMap,
 ) -> Result<Response<LinkBody>, LinkError> {
+    send_as(&Method::POST, base, body, headers).await
+}
+
+async fn send_as(
+    method: &Method,
+    base: &str,
+    body: &'static str,
+    headers: &HeaderMap,
+) -> Result<Response<LinkBody>, LinkError> {
     let body = Bytes::from_static(body.as_bytes());
     let request = Request {
-        method: &Method::POST,
+        method,
         path_and_query: "/v1/chat/completions",
         headers,
         authorization: super::Authorization::Forward,
@@ -199,15 +208,48 @@ async fn a_chunked_stream_arrives_frame_by_frame() {
 }
 
 #[tokio::test]
-async fn a_reused_connection_the_engine_closed_is_replaced_transparently() {
-    // Every connection answers once, then closes without saying so (as an
-    // engine whose keep-alive timeout fired).
-    let (url, accepted, _requests) = engine(|_, i| (i == 0).then(|| ok("fresh"))).await;
+async fn a_reused_connection_the_engine_closed_is_replaced_for_an_idempotent_request() {
+    // Every connection answers once; the next request on it is read whole
+    // and the connection closed without an answer.
+    let (url, accepted, mut requests) = engine(|_, i| (i == 0).then(|| ok("fresh"))).await;
+    let get = |url: String| async move {
+        send_as(&Method::GET, &url, "", &HeaderMap::new())
+            .await
+            .unwrap()
+    };
     for _ in 0..3 {
-        assert_eq!(text(post(&url, "{}").await.unwrap()).await, "fresh");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(text(get(url.clone()).await).await, "fresh");
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    let mut received = 0;
+    while requests.try_recv().is_ok() {
+        received += 1;
+    }
+    assert_eq!(received, 5, "the two dropped requests were sent again");
+}
+
+#[tokio::test]
+async fn a_post_on_a_reused_connection_closed_after_the_write_is_not_sent_again() {
+    let (url, accepted, mut requests) = engine(|_, i| (i == 0).then(|| ok("fresh"))).await;
+    assert_eq!(text(post(&url, "{}").await.unwrap()).await, "fresh");
+    assert_eq!(idle_count(authority(&url)), 1);
+    let err = post(&url, "{}").await.unwrap_err();
+    assert!(matches!(err, LinkError::ClosedBeforeAnswer), "{err}");
+    assert_eq!(err.progress(), Progress::DeliveredNoAnswer);
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "no second connection");
+    assert!(requests.recv().await.is_some());
+    assert!(requests.recv().await.is_some(), "the engine read it whole");
+    assert!(requests.try_recv().is_err(), "and got it once");
+}
+
+#[tokio::test]
+async fn a_post_whose_connect_fails_reports_that_nothing_was_delivered() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let err = post(&closed, "{}").await.unwrap_err();
+    assert_eq!(err.progress(), Progress::NotDelivered, "{err}");
 }
 
 #[tokio::test]

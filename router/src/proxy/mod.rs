@@ -1,10 +1,16 @@
 //! Forwarding one request: select, book, send, retry, stream back.
 //!
-//! A request is retried on a re-selected worker after a connect/transport
-//! error or a retryable status (408, 429, 500, 502, 503, 504) — only while
-//! nothing has been sent to the client, so a retry can never duplicate or
-//! splice a response. The last worker's answer passes through once retries
-//! are used up; if none answered, the client gets 502 or 504 with the reason.
+//! A failed attempt is retried on a re-selected worker only where the
+//! retry rule (`retry_rule`) says the engine provably did not start the
+//! work, or the method is idempotent: a connect failure or a request not
+//! written whole, and 429/503, for any method; a connection lost after
+//! the whole request was written, no answer head within the attempt
+//! deadline, and 408/500/502/504, only for idempotent methods — a `POST`
+//! is never run twice. Retries happen only while nothing has been sent to
+//! the client, so a retry can never duplicate or splice a response. The
+//! last worker's answer passes through once retries are used up or not
+//! allowed; if none answered, the client gets 502 or 504 with the reason
+//! (and, when the rule withheld a retry, why).
 //!
 //! The request path, step by step ([`Forwarder::forward`]):
 //! 1. *candidates*: the available workers, those not tried yet first;
@@ -19,6 +25,7 @@
 //! ([`Forwarder`]) and borrows the workers to choose from ([`WorkerPool`]).
 
 mod body;
+mod locate;
 mod retry;
 
 use std::sync::Arc;
@@ -27,23 +34,22 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, Method};
 
 use crate::config::RetryConfig;
 use crate::error::ApiError;
 use crate::fleet::FleetView;
 use crate::link::{self, LinkBody};
+use crate::objects::{self, LearnId};
 use crate::policy::Policy;
 use crate::request::RequestInfo;
+use crate::retry_rule::{self, Progress, Verdict};
 use crate::telemetry::{self, RequestRecord};
 use crate::upstream;
 use crate::workers::{Booking, ModelNotFound, Registry, Worker};
 
 pub use body::TrackedBody;
-
-fn is_retryable(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
-}
+pub use locate::{Learn, Located, Placement};
 
 /// Explains an empty candidate set to the client.
 fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
@@ -119,29 +125,39 @@ pub struct Outgoing<'a> {
     pub body: Bytes,
     /// What the policy and the booking read about the request.
     pub info: &'a RequestInfo,
+    /// Which workers it may go to (a stored object pins it to one).
+    pub placement: Placement,
+    /// Record where a stored object lives when the answer is a success.
+    pub learn: Option<Learn<'a>>,
 }
 
 /// Why an attempt got no response.
 enum Failure {
-    /// Connecting or talking to the worker failed: the reason.
-    Transport(String),
+    /// Connecting or talking to the worker failed: the reason, and how
+    /// far the attempt got (what the retry rule reads).
+    Transport(String, Progress),
     /// The worker sent no response headers within the attempt deadline
-    /// (retried elsewhere like a transport failure): the worker.
+    /// (retried elsewhere for idempotent methods only): the worker.
     AttemptTimeout(String),
     /// The request deadline passed.
     Timeout,
 }
 
 impl Failure {
-    /// Whether another worker may be tried.
-    fn is_retryable(&self) -> bool {
-        !matches!(self, Failure::Timeout)
+    /// What the retry rule decides for `method` (no time left after the
+    /// request deadline: final).
+    fn verdict(&self, method: &Method) -> Verdict {
+        match self {
+            Failure::Transport(_, progress) => retry_rule::verdict(method, *progress),
+            Failure::AttemptTimeout(_) => retry_rule::verdict(method, Progress::NoHeadersInTime),
+            Failure::Timeout => Verdict::Final,
+        }
     }
 
     /// The retry-metric reason.
     fn reason(&self) -> &'static str {
         match self {
-            Failure::Transport(_) => "transport",
+            Failure::Transport(..) => "transport",
             Failure::AttemptTimeout(_) => "attempt_timeout",
             Failure::Timeout => "timeout",
         }
@@ -158,9 +174,9 @@ struct Answer {
 }
 
 impl Answer {
-    /// Whether another worker may do better (408, 429, 500, 502, 503, 504).
-    fn is_retryable(&self) -> bool {
-        is_retryable(self.response.status())
+    /// What the retry rule decides for this status and `method`.
+    fn verdict(&self, method: &Method) -> Verdict {
+        retry_rule::verdict(method, Progress::Answered(self.response.status()))
     }
 
     /// Discards the response (nothing of it reached the client) and keeps
@@ -180,6 +196,7 @@ impl Answer {
         mut record: RequestRecord,
         deadline: tokio::time::Instant,
         expose_worker: bool,
+        learn: Option<Learn<'_>>,
     ) -> Response {
         record.first_byte();
         if let Some(span) = record.span() {
@@ -192,8 +209,23 @@ impl Answer {
         if expose_worker && let Ok(url) = http::HeaderValue::from_str(self.worker.url()) {
             parts.headers.insert("x-shoal-worker", url);
         }
+        let learn = learn.filter(|_| parts.status.is_success());
+        let worker_url = self.worker.clone();
         let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, record);
-        Response::from_parts(parts, Body::new(tracked))
+        let body = match learn {
+            None => Body::new(tracked),
+            Some(Learn {
+                table,
+                id: Some(id),
+            }) => {
+                table.learn(id, worker_url.url());
+                Body::new(tracked)
+            }
+            Some(Learn { table, id: None }) => {
+                Body::new(LearnId::new(tracked, table.clone(), worker_url.url()))
+            }
+        };
+        Response::from_parts(parts, body)
     }
 }
 
@@ -275,6 +307,46 @@ impl WorkerPool<'_> {
         Ok(Candidates::Some(candidates))
     }
 
+    /// The available workers serving `model` not in `tried` (locating an
+    /// object asks each worker once).
+    fn untried(
+        &self,
+        model: Option<&str>,
+        tried: &[Arc<Worker>],
+    ) -> Result<Candidates, Unroutable> {
+        let all = self.registry.serving(model).map_err(Unroutable::Model)?;
+        let untried: Vec<Arc<Worker>> = all
+            .iter()
+            .filter(|w| w.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, w)))
+            .cloned()
+            .collect();
+        match untried.is_empty() || tried.len() >= objects::MAX_LOCATE {
+            true => Err(Unroutable::Unavailable(NoCandidates(all))),
+            false => Ok(Candidates::Some(untried)),
+        }
+    }
+
+    /// The workers `placement` allows for the next attempt.
+    fn placed(
+        &self,
+        placement: &Placement,
+        model: Option<&str>,
+        tried: &[Arc<Worker>],
+    ) -> Result<Candidates, Unroutable> {
+        match placement {
+            Placement::Any => self.candidates(model, tried),
+            Placement::Locate => self.untried(model, tried),
+            Placement::Holder(worker) if worker.is_available() => {
+                Ok(Candidates::Some(vec![worker.clone()]))
+            }
+            Placement::Holder(worker) => {
+                Err(Unroutable::Unavailable(NoCandidates(Arc::new(vec![
+                    worker.clone(),
+                ]))))
+            }
+        }
+    }
+
     /// The policy's choice among `candidates`; a refusal is a 503.
     fn pick(
         &self,
@@ -305,7 +377,7 @@ impl Forwarder {
             .attempts(workers, &request, record.route(), deadline)
             .await
         {
-            Ok(answer) => answer.deliver(record, deadline, self.expose_worker),
+            Ok(answer) => answer.deliver(record, deadline, self.expose_worker, request.learn),
             Err(error) => record.respond(error.into_response()),
         }
     }
@@ -325,9 +397,13 @@ impl Forwarder {
     ) -> Result<Answer, ApiError> {
         let mut tried: Vec<Arc<Worker>> = Vec::new();
         let mut last_failure: Option<Failure> = None;
-        for attempt in 0..=self.max_retries {
+        // The method whose retry the rule withheld, to say so.
+        let mut withheld: Option<&Method> = None;
+        // Retries made; locating an object moves on after a 404 without one.
+        let mut attempt: u32 = 0;
+        loop {
             let model = request.info.model.as_deref();
-            let candidates = match workers.candidates(model, &tried) {
+            let candidates = match workers.placed(&request.placement, model, &tried) {
                 Ok(candidates) => candidates,
                 Err(Unroutable::Model(missing)) => {
                     return Err(ApiError::model_not_found(&missing.model, &missing.served));
@@ -348,36 +424,61 @@ impl Forwarder {
                 true => 0,
                 false => workers.policy.token_work(request.info),
             };
+            let method = request.method;
             match self
                 .attempt(worker, request, token_work, attempt, deadline)
                 .await
             {
-                Outcome::Answered(answer) if answer.is_retryable() && has_retry_left => {
-                    let status = answer.response.status();
-                    tracing::info!(worker = answer.worker.url(), attempt, %status, "retrying on another worker");
-                    telemetry::retry(route, "status");
-                    self.retry
-                        .release_and_sleep(answer.discard(), attempt, deadline)
-                        .await;
+                Outcome::Answered(answer)
+                    if matches!(request.placement, Placement::Locate)
+                        && answer.response.status() == http::StatusCode::NOT_FOUND
+                        && workers.untried(model, &tried).is_ok() =>
+                {
+                    // Not this worker's object: ask the next one at once.
+                    drop(answer.discard());
                 }
-                Outcome::Answered(mut answer) => {
-                    answer.attempts = tried.len();
-                    return Ok(answer);
-                }
-                Outcome::Failed(booking, failure) if failure.is_retryable() && has_retry_left => {
-                    telemetry::retry(route, failure.reason());
-                    last_failure = Some(failure);
-                    self.retry
-                        .release_and_sleep(booking, attempt, deadline)
-                        .await;
-                }
-                Outcome::Failed(_booking, failure) => {
-                    last_failure = Some(failure);
-                    break;
-                }
+                Outcome::Answered(answer) => match answer.verdict(method) {
+                    Verdict::Retry if has_retry_left => {
+                        let status = answer.response.status();
+                        tracing::info!(worker = answer.worker.url(), attempt, %status, "retrying on another worker");
+                        telemetry::retry(route, "status");
+                        self.retry
+                            .release_and_sleep(answer.discard(), attempt, deadline)
+                            .await;
+                        attempt += 1;
+                    }
+                    verdict => {
+                        if verdict == Verdict::Unsafe && has_retry_left {
+                            let status = answer.response.status();
+                            tracing::info!(worker = answer.worker.url(), %method, %status, "not retried: the request may have run");
+                            telemetry::retry_unsafe(route, "status");
+                        }
+                        let mut answer = answer;
+                        answer.attempts = tried.len();
+                        return Ok(answer);
+                    }
+                },
+                Outcome::Failed(booking, failure) => match failure.verdict(method) {
+                    Verdict::Retry if has_retry_left => {
+                        telemetry::retry(route, failure.reason());
+                        last_failure = Some(failure);
+                        self.retry
+                            .release_and_sleep(booking, attempt, deadline)
+                            .await;
+                        attempt += 1;
+                    }
+                    verdict => {
+                        if verdict == Verdict::Unsafe && has_retry_left {
+                            telemetry::retry_unsafe(route, failure.reason());
+                            withheld = Some(method);
+                        }
+                        last_failure = Some(failure);
+                        break;
+                    }
+                },
             }
         }
-        Err(self.give_up(last_failure, tried.len()))
+        Err(self.give_up(last_failure, tried.len(), withheld))
     }
 
     /// One attempt on `worker`: book it, send, and classify what came back
@@ -433,7 +534,8 @@ impl Forwarder {
                 worker.breaker().record_failure();
                 let reason = upstream::error_chain(&err);
                 tracing::warn!(worker = worker.url(), attempt, error = %reason, "worker request failed");
-                let failure = Failure::Transport(format!("{}: {reason}", worker.url()));
+                let failure =
+                    Failure::Transport(format!("{}: {reason}", worker.url()), err.progress());
                 Outcome::Failed(booking, failure)
             }
             Ok(Ok(response)) => {
@@ -453,18 +555,31 @@ impl Forwarder {
     }
 
     /// The error sent when no attempt produced an answer to pass on:
-    /// 504 after the deadline, 502 after transport failures, else 503.
-    fn give_up(&self, last_failure: Option<Failure>, attempts: usize) -> ApiError {
+    /// 504 after the deadline, 502 after transport failures, else 503;
+    /// `withheld` is the method whose retry the rule refused, named in
+    /// the reason.
+    fn give_up(
+        &self,
+        last_failure: Option<Failure>,
+        attempts: usize,
+        withheld: Option<&Method>,
+    ) -> ApiError {
+        let not_retried = match withheld {
+            Some(method) => format!(
+                "; not retried: the whole request reached the engine, which may have started it, and {method} is not idempotent"
+            ),
+            None => String::new(),
+        };
         match last_failure {
             Some(Failure::Timeout) => ApiError::gateway_timeout(format!(
                 "no worker answered within --request-timeout-secs ({}s)",
                 self.request_timeout.as_secs()
             )),
-            Some(Failure::Transport(reason)) => {
-                ApiError::bad_gateway(format!("all {attempts} attempt(s) failed; last: {reason}"))
-            }
+            Some(Failure::Transport(reason, _)) => ApiError::bad_gateway(format!(
+                "all {attempts} attempt(s) failed; last: {reason}{not_retried}"
+            )),
             Some(Failure::AttemptTimeout(worker)) => ApiError::gateway_timeout(format!(
-                "all {attempts} attempt(s) failed; last: {worker} sent no response headers within --attempt-timeout-secs ({}s)",
+                "all {attempts} attempt(s) failed; last: {worker} sent no response headers within --attempt-timeout-secs ({}s){not_retried}",
                 self.attempt_timeout.map_or(0, |t| t.as_secs())
             )),
             None => ApiError::no_workers("no worker available"),

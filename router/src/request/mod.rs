@@ -38,6 +38,10 @@ pub struct RequestInfo {
     /// The request runs no model (tokenizing): booked as one request with
     /// no token-work, whatever its text.
     pub free: bool,
+    /// The stored object the request builds on, which only the engine
+    /// holding it can serve: a Responses request's
+    /// `previous_response_id`, a batch's `input_file_id` (see `objects`).
+    pub builds_on: Option<String>,
 }
 
 impl RequestInfo {
@@ -71,11 +75,13 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
                 let text = String::from_utf8_lossy(head);
                 scan::head_of(&text, limit).to_string()
             }),
+            builds_on: scanned.builds_on(),
             model: scanned.model,
             ..RequestInfo::default()
         });
     }
     let [max_tokens, max_completion_tokens, max_new_tokens] = scanned.max_tokens;
+    let builds_on = scanned.builds_on();
     Ok(RequestInfo {
         prompt_tokens: tokens_for_chars(scanned.chars).saturating_add(scanned.ids),
         max_output_tokens: max_tokens.or(max_completion_tokens).or(max_new_tokens),
@@ -83,6 +89,7 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
         text: scanned.text,
         model: scanned.model,
         free: false,
+        builds_on,
     })
 }
 

@@ -38,6 +38,8 @@ pub struct Scanned {
     pub max_tokens: [Option<u64>; 3],
     /// `stream`.
     pub stream: Option<bool>,
+    /// `previous_response_id` and `input_file_id`, when strings.
+    pub builds_on: [Option<String>; 2],
     /// A field the router reads had an unexpected type, or the body is not
     /// an object.
     pub odd: bool,
@@ -73,6 +75,13 @@ pub fn head_of(text: &str, limit: usize) -> &str {
 }
 
 impl Scanned {
+    /// The stored object the request builds on: a Responses request's
+    /// `previous_response_id`, else a batch's `input_file_id`.
+    pub fn builds_on(&self) -> Option<String> {
+        let [previous, file] = &self.builds_on;
+        previous.clone().or_else(|| file.clone())
+    }
+
     fn add_str(&mut self, s: &str) {
         self.chars += s.chars().count() as u64;
         let limit = self.text_limit;
@@ -104,6 +113,9 @@ enum Key {
     MaxNewTokens,
     Stream,
     Content,
+    /// `previous_response_id`, `input_file_id`: its index in
+    /// [`Scanned::builds_on`].
+    BuildsOn(usize),
     Other,
 }
 
@@ -127,6 +139,8 @@ impl<'de> de::Deserialize<'de> for Key {
                     "max_new_tokens" => Key::MaxNewTokens,
                     "stream" => Key::Stream,
                     "content" => Key::Content,
+                    "previous_response_id" => Key::BuildsOn(0),
+                    "input_file_id" => Key::BuildsOn(1),
                     _ => Key::Other,
                 })
             }
@@ -195,6 +209,9 @@ impl Node<'_> {
             }
             (Place::Body, Key::SamplingParams) => {
                 map.next_value_seed(self.child(Place::Sampling))?;
+            }
+            (Place::Body, Key::BuildsOn(i)) => {
+                s.builds_on[i] = map.next_value::<Scalar>()?.string(&mut s.odd);
             }
             (Place::Body, Key::Stream) => {
                 s.stream = map.next_value::<Scalar>()?.flag(&mut s.odd);
@@ -389,6 +406,10 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("m"));
         assert_eq!(s.stream, Some(true));
         assert!(s.text.is_none(), "no text asked for");
+        let s = scan(br#"{"input":"x","previous_response_id":"resp_1"}"#, None).unwrap();
+        assert_eq!(s.builds_on().as_deref(), Some("resp_1"));
+        let s = scan(br#"{"input_file_id":"file-2"}"#, None).unwrap();
+        assert_eq!(s.builds_on().as_deref(), Some("file-2"));
     }
 
     #[test]

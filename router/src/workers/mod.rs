@@ -343,6 +343,12 @@ impl Registry {
         self.index.load().all().clone()
     }
 
+    /// The registered worker whose base URL is `url`, if any (a linear
+    /// scan: only requests about stored objects look a worker up by URL).
+    pub fn find(&self, url: &str) -> Option<Arc<Worker>> {
+        self.all().iter().find(|w| w.url() == url).cloned()
+    }
+
     /// The workers a request for `model` may go to ([`ModelIndex::serving`]).
     pub fn serving(&self, model: Option<&str>) -> Result<Arc<Vec<Arc<Worker>>>, ModelNotFound> {
         self.index.load().serving(model).cloned()

@@ -59,6 +59,8 @@ pub struct EngineState {
     pub authorizations: std::sync::Mutex<Vec<(String, Option<String>)>>,
     /// Path and `x-api-key` header of every request, in order.
     pub api_keys: std::sync::Mutex<Vec<(String, Option<String>)>>,
+    /// Stored objects (responses, files, batches), when enabled.
+    pub objects: super::fake_objects::ObjectStore,
 }
 
 /// Records every request's path, `Authorization` and `x-api-key` headers.
@@ -184,10 +186,22 @@ async fn any_route(
         .map(str::to_owned);
     let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     *state.last_request.lock().await = Some((method.to_string(), target.clone(), content_type));
+    if let Some(answer) = state.objects.handle(&method, uri.path(), &body) {
+        state.requests.fetch_add(1, Ordering::SeqCst);
+        return answer;
+    }
     if method == axum::http::Method::POST {
         return inference(State(state), body).await;
     }
     state.requests.fetch_add(1, Ordering::SeqCst);
+    if state.stall.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let status = state.fixed_status.load(Ordering::SeqCst);
+    if status != 0 {
+        let status = StatusCode::from_u16(status).unwrap();
+        return (status, format!("{{\"error\":\"fixed status {status}\"}}")).into_response();
+    }
     axum::Json(serde_json::json!({"method": method.as_str(), "target": target})).into_response()
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_engine;
+pub mod fake_objects;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
