@@ -23,6 +23,7 @@ mod bell;
 mod config;
 mod core;
 mod gossip_transport;
+mod hints;
 mod housekeeping;
 pub mod identity;
 mod membership;

@@ -16,14 +16,11 @@
 //!
 //! [`Frame::Objects`]: shoal_proto::frames::Frame::Objects
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-
 use shoal_proto::frames::{
-    Frame, FrameError, MAX_KEY_BYTES, MAX_OBJECT_ID_BYTES, MAX_OBJECTS_PER_FRAME, ObjectEntry,
-    ObjectsFrame, encode_prefixed,
+    Frame, MAX_KEY_BYTES, MAX_OBJECT_ID_BYTES, MAX_OBJECTS_PER_FRAME, ObjectEntry, ObjectsFrame,
 };
 
-use crate::bell::ChangeBell;
+use crate::hints::{self, Hint, HintQueue, HintSender, Receiver};
 
 /// Pairs waiting for the next round, at most: a burst of creations larger
 /// than this within one push gap loses its newest pairs (their replica
@@ -31,38 +28,38 @@ use crate::bell::ChangeBell;
 pub const MAX_PENDING_OBJECTS: usize = 16_384;
 
 /// Where the pairs peers learned are delivered (the router's table).
-pub type ObjectReceiver = Arc<dyn Fn(&[ObjectEntry]) + Send + Sync>;
+pub type ObjectReceiver = Receiver<ObjectEntry>;
 
-/// The router's handle for sharing where objects live: cheap to clone, and
-/// it does not keep the mesh alive (a send after shutdown does nothing).
-#[derive(Debug, Clone)]
-pub struct ObjectSender {
-    exchange: Weak<ObjectExchange>,
-    bell: Weak<ChangeBell>,
+/// The router's handle for sharing where objects live.
+pub type ObjectSender = HintSender<ObjectEntry>;
+
+/// This node's outbound queue of object pairs and its inbound receiver.
+pub(crate) type ObjectExchange = HintQueue<ObjectEntry>;
+
+/// A stored object's id and the worker holding it.
+impl Hint for ObjectEntry {
+    const MAX_PENDING: usize = MAX_PENDING_OBJECTS;
+    const PER_FRAME: usize = MAX_OBJECTS_PER_FRAME;
+    const DROPPED_METRIC: &'static str = "shoal_mesh_objects_dropped_total";
+
+    fn frame(entries: Vec<ObjectEntry>) -> Frame {
+        Frame::Objects(ObjectsFrame { entries })
+    }
 }
 
-impl ObjectSender {
-    pub(crate) fn new(exchange: &Arc<ObjectExchange>, bell: &Arc<ChangeBell>) -> Self {
-        Self {
-            exchange: Arc::downgrade(exchange),
-            bell: Arc::downgrade(bell),
-        }
-    }
-
+impl HintSender<ObjectEntry> {
     /// Tells every peer in the next round that the object `id` lives on
     /// `worker`. A pair that does not fit the queue, or whose id or URL is
     /// longer than a receiver accepts, is dropped and counted
     /// (`shoal_mesh_objects_dropped_total`).
     pub fn send(&self, id: &str, worker: &str) {
-        let (Some(exchange), Some(bell)) = (self.exchange.upgrade(), self.bell.upgrade()) else {
-            return;
-        };
         let entry = ObjectEntry {
             id: id.to_string(),
             worker: worker.to_string(),
         };
-        if !is_acceptable(&entry) || !exchange.record(entry, &bell) {
-            metrics::counter!("shoal_mesh_objects_dropped_total").increment(1);
+        match is_acceptable(&entry) {
+            true => self.push(entry),
+            false => hints::dropped::<ObjectEntry>(),
         }
     }
 }
@@ -75,77 +72,15 @@ pub(crate) fn is_acceptable(entry: &ObjectEntry) -> bool {
         && entry.worker.len() <= MAX_KEY_BYTES
 }
 
-/// This node's outbound queue of object pairs and its inbound receiver.
-#[derive(Default)]
-pub(crate) struct ObjectExchange {
-    pending: Mutex<Vec<ObjectEntry>>,
-    receiver: OnceLock<ObjectReceiver>,
-}
-
-impl std::fmt::Debug for ObjectExchange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectExchange")
-            .field("pending", &self.lock().len())
-            .field("receiver", &self.receiver.get().is_some())
-            .finish()
-    }
-}
-
-impl ObjectExchange {
-    fn lock(&self) -> MutexGuard<'_, Vec<ObjectEntry>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Queues `entry` for the peers and rings `bell`; false (and nothing
-    /// queued) when the queue is full.
-    pub(crate) fn record(&self, entry: ObjectEntry, bell: &ChangeBell) -> bool {
-        let queued = {
-            let mut pending = self.lock();
-            let room = pending.len() < MAX_PENDING_OBJECTS;
-            if room {
-                pending.push(entry);
-            }
-            room
-        };
-        if queued {
-            bell.ring();
-        }
-        queued
-    }
-
-    /// The queued pairs as frames, emptying the queue.
-    pub(crate) fn frames(&self) -> Result<Vec<Vec<u8>>, FrameError> {
-        let entries = std::mem::take(&mut *self.lock());
-        entries
-            .chunks(MAX_OBJECTS_PER_FRAME)
-            .map(|chunk| {
-                encode_prefixed(&Frame::Objects(ObjectsFrame {
-                    entries: chunk.to_vec(),
-                }))
-            })
-            .collect()
-    }
-
-    /// Sets where peers' pairs go; the first call wins (one router per mesh).
-    pub(crate) fn set_receiver(&self, receiver: ObjectReceiver) -> bool {
-        self.receiver.set(receiver).is_ok()
-    }
-
-    /// Hands a peer's pairs to the receiver, if one is set.
-    pub(crate) fn deliver(&self, entries: &[ObjectEntry]) {
-        if let Some(receiver) = self.receiver.get() {
-            receiver(entries);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use shoal_proto::frames::decode;
 
     use super::*;
+    use crate::bell::ChangeBell;
 
     fn entry(i: usize) -> ObjectEntry {
         ObjectEntry {

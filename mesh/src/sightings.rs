@@ -15,13 +15,9 @@
 //!
 //! [`Frame::Sightings`]: shoal_proto::frames::Frame::Sightings
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use shoal_proto::frames::{Frame, MAX_SIGHTINGS_PER_FRAME, SightingsFrame};
 
-use shoal_proto::frames::{
-    Frame, FrameError, MAX_SIGHTINGS_PER_FRAME, SightingsFrame, encode_prefixed,
-};
-
-use crate::bell::ChangeBell;
+use crate::hints::{Hint, HintQueue, HintSender, Receiver};
 
 /// Keys waiting for the next round, at most: a burst of new prompts larger
 /// than this within one push gap loses its newest keys (their replicas
@@ -29,107 +25,43 @@ use crate::bell::ChangeBell;
 pub const MAX_PENDING_SIGHTINGS: usize = 65_536;
 
 /// Where the keys peers saw are delivered (the router's policy).
-pub type SightingReceiver = Arc<dyn Fn(&[u64]) + Send + Sync>;
+pub type SightingReceiver = Receiver<u64>;
 
-/// The router's handle for sharing its sightings: cheap to clone, and it
-/// does not keep the mesh alive (a send after shutdown does nothing).
-#[derive(Debug, Clone)]
-pub struct SightingSender {
-    exchange: Weak<SightingExchange>,
-    bell: Weak<ChangeBell>,
+/// The router's handle for sharing its sightings.
+pub type SightingSender = HintSender<u64>;
+
+/// This node's outbound queue of sightings and its inbound receiver.
+pub(crate) type SightingExchange = HintQueue<u64>;
+
+/// A sighting is a prompt key.
+impl Hint for u64 {
+    const MAX_PENDING: usize = MAX_PENDING_SIGHTINGS;
+    const PER_FRAME: usize = MAX_SIGHTINGS_PER_FRAME;
+    const DROPPED_METRIC: &'static str = "shoal_mesh_sightings_dropped_total";
+
+    fn frame(keys: Vec<u64>) -> Frame {
+        Frame::Sightings(SightingsFrame { keys })
+    }
 }
 
-impl SightingSender {
-    pub(crate) fn new(exchange: &Arc<SightingExchange>, bell: &Arc<ChangeBell>) -> Self {
-        Self {
-            exchange: Arc::downgrade(exchange),
-            bell: Arc::downgrade(bell),
-        }
-    }
-
+impl HintSender<u64> {
     /// Shares `key` (of a prompt this replica saw for the first time) with
     /// every peer in the next round. A key that does not fit the queue is
     /// dropped and counted (`shoal_mesh_sightings_dropped_total`).
     pub fn send(&self, key: u64) {
-        let (Some(exchange), Some(bell)) = (self.exchange.upgrade(), self.bell.upgrade()) else {
-            return;
-        };
-        if !exchange.record(key, &bell) {
-            metrics::counter!("shoal_mesh_sightings_dropped_total").increment(1);
-        }
-    }
-}
-
-/// This node's outbound queue of sightings and its inbound receiver.
-#[derive(Default)]
-pub(crate) struct SightingExchange {
-    pending: Mutex<Vec<u64>>,
-    receiver: OnceLock<SightingReceiver>,
-}
-
-impl std::fmt::Debug for SightingExchange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SightingExchange")
-            .field("pending", &self.lock().len())
-            .field("receiver", &self.receiver.get().is_some())
-            .finish()
-    }
-}
-
-impl SightingExchange {
-    fn lock(&self) -> MutexGuard<'_, Vec<u64>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Queues `key` for the peers and rings `bell`; false (and nothing
-    /// queued) when the queue is full.
-    pub(crate) fn record(&self, key: u64, bell: &ChangeBell) -> bool {
-        let queued = {
-            let mut pending = self.lock();
-            let room = pending.len() < MAX_PENDING_SIGHTINGS;
-            if room {
-                pending.push(key);
-            }
-            room
-        };
-        if queued {
-            bell.ring();
-        }
-        queued
-    }
-
-    /// The queued keys as frames, emptying the queue.
-    pub(crate) fn frames(&self) -> Result<Vec<Vec<u8>>, FrameError> {
-        let keys = std::mem::take(&mut *self.lock());
-        keys.chunks(MAX_SIGHTINGS_PER_FRAME)
-            .map(|chunk| {
-                encode_prefixed(&Frame::Sightings(SightingsFrame {
-                    keys: chunk.to_vec(),
-                }))
-            })
-            .collect()
-    }
-
-    /// Sets where peers' keys go; the first call wins (one router per mesh).
-    pub(crate) fn set_receiver(&self, receiver: SightingReceiver) -> bool {
-        self.receiver.set(receiver).is_ok()
-    }
-
-    /// Hands a peer's keys to the receiver, if one is set.
-    pub(crate) fn deliver(&self, keys: &[u64]) {
-        if let Some(receiver) = self.receiver.get() {
-            receiver(keys);
-        }
+        self.push(key);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use shoal_proto::frames::decode;
 
     use super::*;
+    use crate::bell::ChangeBell;
 
     #[test]
     fn queued_keys_leave_in_frames_of_bounded_size_once() {

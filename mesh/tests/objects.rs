@@ -9,10 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Ca, cluster, wait_for_full_mesh, wait_until};
-use quinn::crypto::rustls::QuicClientConfig;
 use shoal_mesh::proto::frames::{
-    Frame, Hello, MAX_OBJECT_ID_BYTES, MAX_OBJECTS_PER_FRAME, ObjectEntry, ObjectsFrame,
-    encode_prefixed,
+    Frame, MAX_OBJECT_ID_BYTES, MAX_OBJECTS_PER_FRAME, ObjectEntry, ObjectsFrame,
 };
 
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
@@ -83,36 +81,20 @@ fn an_oversized_frame_and_a_bad_entry_are_dropped_and_counted() {
     assert!(nodes[0].mesh().on_peer_objects(receiver(&seen)));
     let dropped = || nodes[0].mesh().status().traffic.frames_dropped;
     let before = dropped();
-    let tls = shoal_mesh::tls::load(&ca.tls("j1"), Some("j1")).unwrap();
-    let target = nodes[0].mesh().quic_addr();
-    nodes[0].block_on(async {
-        let crypto = QuicClientConfig::try_from(tls.client.clone()).unwrap();
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-        let conn = ep.connect(target, "n0").unwrap().await.unwrap();
-        let mut s = conn.open_uni().await.unwrap();
-        let hello = Frame::Hello(Hello {
-            cluster_id: "test-cluster".into(),
-            node: "j1".into(),
-            generation: 1,
-        });
-        let oversized = Frame::Objects(ObjectsFrame {
-            entries: vec![entry("big"); MAX_OBJECTS_PER_FRAME + 1],
-        });
-        let mixed = Frame::Objects(ObjectsFrame {
-            entries: vec![entry("ok_1"), entry(""), entry("ok_2")],
-        });
-        for frame in [hello, oversized, mixed] {
-            s.write_all(&encode_prefixed(&frame).unwrap())
-                .await
-                .unwrap();
-        }
-        assert!(
-            wait_until(Duration::from_secs(5), || seen.lock().unwrap().len() == 2),
-            "the good entries arrive"
-        );
-        ep.close(0u32.into(), b"");
+    let mut peer = common::RawPeer::connect(&nodes[0], &ca, "j1");
+    let oversized = Frame::Objects(ObjectsFrame {
+        entries: vec![entry("big"); MAX_OBJECTS_PER_FRAME + 1],
     });
+    let mixed = Frame::Objects(ObjectsFrame {
+        entries: vec![entry("ok_1"), entry(""), entry("ok_2")],
+    });
+    peer.send(&nodes[0], &oversized);
+    peer.send(&nodes[0], &mixed);
+    assert!(
+        wait_until(Duration::from_secs(5), || seen.lock().unwrap().len() == 2),
+        "the good entries arrive"
+    );
+    peer.close();
     assert_eq!(
         dropped(),
         before + 2,

@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Ca, cluster, wait_for_full_mesh, wait_until};
-use quinn::crypto::rustls::QuicClientConfig;
-use shoal_mesh::proto::frames::{
-    Frame, Hello, MAX_SIGHTINGS_PER_FRAME, SightingsFrame, encode_prefixed,
-};
+use shoal_mesh::proto::frames::{Frame, MAX_SIGHTINGS_PER_FRAME, SightingsFrame};
 
 type Seen = Arc<Mutex<Vec<u64>>>;
 
@@ -88,37 +85,23 @@ fn an_oversized_sightings_frame_is_dropped_whole_and_counted() {
     assert!(nodes[0].mesh().on_peer_sightings(receiver(&seen)));
     let dropped = || nodes[0].mesh().status().traffic.frames_dropped;
     let before = dropped();
-    let tls = shoal_mesh::tls::load(&ca.tls("j1"), Some("j1")).unwrap();
-    let target = nodes[0].mesh().quic_addr();
-    nodes[0].block_on(async {
-        let crypto = QuicClientConfig::try_from(tls.client.clone()).unwrap();
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-        let conn = ep.connect(target, "n0").unwrap().await.unwrap();
-        let mut s = conn.open_uni().await.unwrap();
-        let hello = Frame::Hello(Hello {
-            cluster_id: "test-cluster".into(),
-            node: "j1".into(),
-            generation: 1,
-        });
-        let oversized = Frame::Sightings(SightingsFrame {
-            keys: vec![11; MAX_SIGHTINGS_PER_FRAME + 1],
-        });
-        let fine = Frame::Sightings(SightingsFrame { keys: vec![12] });
-        for frame in [hello, oversized, fine] {
-            s.write_all(&encode_prefixed(&frame).unwrap())
-                .await
-                .unwrap();
-        }
-        assert!(
-            wait_until(Duration::from_secs(5), || seen
-                .lock()
-                .unwrap()
-                .contains(&12)),
-            "the well-formed frame after it arrives"
-        );
-        ep.close(0u32.into(), b"");
+    let mut peer = common::RawPeer::connect(&nodes[0], &ca, "j1");
+    let oversized = Frame::Sightings(SightingsFrame {
+        keys: vec![11; MAX_SIGHTINGS_PER_FRAME + 1],
     });
+    peer.send(&nodes[0], &oversized);
+    peer.send(
+        &nodes[0],
+        &Frame::Sightings(SightingsFrame { keys: vec![12] }),
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || seen
+            .lock()
+            .unwrap()
+            .contains(&12)),
+        "the well-formed frame after it arrives"
+    );
+    peer.close();
     assert_eq!(dropped(), before + 1, "the oversized frame, counted");
     assert_eq!(*seen.lock().unwrap(), [12], "none of its keys delivered");
 }

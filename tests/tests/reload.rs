@@ -23,6 +23,22 @@ fn hangup(s: &Setup) {
     assert!(status.success());
 }
 
+/// Waits until replica 0 has counted exactly one rejected reload.
+async fn first_rejected_reload(s: &Setup, what: &str) {
+    wait_for(what, Duration::from_secs(5), async || {
+        let metrics = s
+            .client
+            .get(&format!("{}/metrics", s.fleet.url(0)))
+            .await
+            .ok()?
+            .text();
+        metrics
+            .contains("shoal_config_reloads_total{result=\"rejected\"} 1")
+            .then_some(())
+    })
+    .await;
+}
+
 /// Sends one prompt (`seed`'s, never sent before) `n` times through the
 /// replica with `key`; returns how many each engine took.
 async fn same_prompt(s: &Setup, seed: u64, n: usize, key: Option<&str>) -> Vec<u64> {
@@ -113,22 +129,7 @@ async fn sighup_applies_seeds_keys_and_thresholds_and_a_broken_file_changes_noth
 
         std::fs::write(&file, "worker-urls = [\n").unwrap();
         hangup(&s);
-        wait_for(
-            "the broken file is counted",
-            Duration::from_secs(5),
-            async || {
-                let metrics = s
-                    .client
-                    .get(&format!("{}/metrics", s.fleet.url(0)))
-                    .await
-                    .ok()?
-                    .text();
-                metrics
-                    .contains("shoal_config_reloads_total{result=\"rejected\"} 1")
-                    .then_some(())
-            },
-        )
-        .await;
+        first_rejected_reload(&s, "the broken file is counted").await;
         let still = same_prompt(&s, 3, 6, Some("sk-reloaded-key")).await;
         assert!(still.contains(&6), "key and threshold unchanged: {still:?}");
         let log = s.fleet.log_tail(0, 40);
@@ -181,22 +182,7 @@ async fn an_emptied_keys_file_is_rejected_and_never_opens_the_router() {
 
         std::fs::write(&keys, "# every key revoked\n\n").unwrap();
         hangup(&s);
-        wait_for(
-            "the emptied file is rejected",
-            Duration::from_secs(5),
-            async || {
-                let metrics = s
-                    .client
-                    .get(&format!("{}/metrics", s.fleet.url(0)))
-                    .await
-                    .ok()?
-                    .text();
-                metrics
-                    .contains("shoal_config_reloads_total{result=\"rejected\"} 1")
-                    .then_some(())
-            },
-        )
-        .await;
+        first_rejected_reload(&s, "the emptied file is rejected").await;
         assert_eq!(models(None).await, 401, "still guarded");
         assert_eq!(models(Some("sk-team-a-key-1")).await, 200, "old keys kept");
         let log = s.fleet.log_tail(0, 40);
