@@ -10,11 +10,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fake_engine::FakeEngine;
-use common::{Router, eventually};
+use common::{Router, eventually, mesh_flags, mesh_status as status};
 use futures_util::StreamExt;
 
 fn mesh_args(certs: &std::path::Path, name: &str, engine: &str, seed: Option<&str>) -> Vec<String> {
-    let file = |f: &str| certs.join(f).to_str().unwrap().to_string();
     let mut args: Vec<String> = [
         "--worker-urls",
         engine,
@@ -22,35 +21,11 @@ fn mesh_args(certs: &std::path::Path, name: &str, engine: &str, seed: Option<&st
         "none",
         "--policy",
         "round_robin",
-        "--mesh-host",
-        "127.0.0.1",
-        "--mesh-port",
-        "0",
-        "--mesh-quic-port",
-        "0",
-        "--mesh-name",
-        name,
-        "--mesh-cluster-id",
-        "test",
     ]
     .map(String::from)
     .to_vec();
-    args.extend(["--mesh-tls-ca".into(), file("ca.pem")]);
-    args.extend(["--mesh-tls-cert".into(), file(&format!("{name}.pem"))]);
-    args.extend(["--mesh-tls-key".into(), file(&format!("{name}-key.pem"))]);
-    if let Some(seed) = seed {
-        args.extend(["--mesh-peer-urls".into(), seed.to_string()]);
-    }
+    args.extend(mesh_flags(certs, name, seed));
     args
-}
-
-async fn status(router: &Router) -> serde_json::Value {
-    reqwest::get(router.url("/mesh/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn fleet_inflight(router: &Router, worker: &str) -> u64 {

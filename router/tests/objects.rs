@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fake_engine::FakeEngine;
-use common::{Router, base_args, eventually};
+use common::{Router, base_args, eventually, mesh_flags, mesh_status};
 use serde_json::json;
 
 async fn object_engine() -> FakeEngine {
@@ -27,39 +27,9 @@ fn mesh_args(
     engines: &[&str],
     seed: Option<&str>,
 ) -> Vec<String> {
-    let file = |f: &str| certs.join(f).to_str().unwrap().to_string();
     let mut args = base_args(engines);
-    args.extend(
-        [
-            "--mesh-host",
-            "127.0.0.1",
-            "--mesh-port",
-            "0",
-            "--mesh-quic-port",
-            "0",
-            "--mesh-name",
-            name,
-            "--mesh-cluster-id",
-            "test",
-        ]
-        .map(String::from),
-    );
-    args.extend(["--mesh-tls-ca".into(), file("ca.pem")]);
-    args.extend(["--mesh-tls-cert".into(), file(&format!("{name}.pem"))]);
-    args.extend(["--mesh-tls-key".into(), file(&format!("{name}-key.pem"))]);
-    if let Some(seed) = seed {
-        args.extend(["--mesh-peer-urls".into(), seed.to_string()]);
-    }
+    args.extend(mesh_flags(certs, name, seed));
     args
-}
-
-async fn mesh_status(router: &Router) -> serde_json::Value {
-    reqwest::get(router.url("/mesh/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn counts_a_peer(router: &Router) -> bool {

@@ -154,3 +154,40 @@ pub fn chat_body(stream: bool) -> serde_json::Value {
         "messages": [{"role": "user", "content": "Say hello to the router tests please"}]
     })
 }
+
+/// The flags that mesh replica `name` (certificates in `certs`, made for
+/// that name) on loopback, seeded from `seed`'s gossip address if any.
+pub fn mesh_flags(certs: &std::path::Path, name: &str, seed: Option<&str>) -> Vec<String> {
+    let file = |f: &str| certs.join(f).to_str().unwrap().to_string();
+    let mut args: Vec<String> = [
+        "--mesh-host",
+        "127.0.0.1",
+        "--mesh-port",
+        "0",
+        "--mesh-quic-port",
+        "0",
+        "--mesh-name",
+        name,
+        "--mesh-cluster-id",
+        "test",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--mesh-tls-ca".into(), file("ca.pem")]);
+    args.extend(["--mesh-tls-cert".into(), file(&format!("{name}.pem"))]);
+    args.extend(["--mesh-tls-key".into(), file(&format!("{name}-key.pem"))]);
+    if let Some(seed) = seed {
+        args.extend(["--mesh-peer-urls".into(), seed.to_string()]);
+    }
+    args
+}
+
+/// `GET /mesh/status` as JSON.
+pub async fn mesh_status(router: &Router) -> serde_json::Value {
+    reqwest::get(router.url("/mesh/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
