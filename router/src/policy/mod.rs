@@ -73,6 +73,7 @@ pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;
 pub use prefix_affinity::PrefixAffinityPolicy;
+pub(crate) use prefix_affinity::mix;
 pub use prefix_tree::TreeUpkeep;
 pub use random::RandomPolicy;
 pub use registry::{Registration, build, registration};
