@@ -212,6 +212,12 @@ impl Server {
                 }
             }));
         }
+        if let Some(kv) = state.policy.kv_events() {
+            background.spawn(supervised("kv_events", {
+                let registry = state.registry.clone();
+                move || kv.clone().run(registry.clone())
+            }));
+        }
         if let Some(handle) = state.metrics.clone() {
             background.spawn(supervised("metrics", move || {
                 telemetry::upkeep(handle.clone())

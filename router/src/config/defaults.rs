@@ -170,3 +170,17 @@ pub const CLIENT_BODY_TIMEOUT_SECS: u64 = 30;
 pub const MAX_CLIENT_CONNECTIONS: usize = 0;
 /// Concurrent streams per HTTP/2 client connection.
 pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// Tokens per KV block the engines use (vLLM's default; SGLang's page size
+/// is 1 unless `--page-size` is set, so set this to match).
+pub const KV_BLOCK_SIZE: usize = 16;
+/// Data-parallel ranks behind one worker URL, each publishing on
+/// `--kv-events-port + rank`.
+pub const KV_EVENTS_DP_RANKS: u32 = 1;
+/// Blocks the index keeps per engine (rank); past it, new blocks are not
+/// indexed. 262,144 blocks of 16 tokens is 4M tokens of KV per engine.
+pub const KV_INDEX_MAX_BLOCKS_PER_ENGINE: usize = 262_144;
+/// `precise_prefix`'s bounded-load slack (as `prefix_affinity`'s).
+pub const PRECISE_PREFIX_EPSILON: f64 = PREFIX_AFFINITY_EPSILON;
+/// Bytes of prompt text `precise_prefix` tokenizes at most (~64k tokens).
+pub const PRECISE_PREFIX_MAX_PROMPT_BYTES: usize = 256 * 1024;

@@ -44,6 +44,10 @@ pub enum PolicyKind {
     /// Fleet-wide prefix affinity: rendezvous hashing of the prompt's
     /// leading blocks, bounded by fleet wait and in-flight requests (no pile-up).
     PrefixAffinity,
+    /// Route on the engines' own KV-cache events: the worker whose cached
+    /// prefix saves the most prefill against its fleet wait, bounded like
+    /// prefix_affinity.
+    PrecisePrefix,
 }
 
 /// `--policy` and every policy's knobs: what the policy registry needs to
@@ -71,6 +75,10 @@ pub struct RoutingConfig {
     /// least_load's knobs).
     #[command(flatten)]
     pub prefix_affinity: PrefixAffinityConfig,
+
+    /// The `precise_prefix` knobs: KV-event sources, tokenizers, its bound.
+    #[command(flatten)]
+    pub kv_events: super::KvEventsConfig,
 }
 
 /// The `cache_aware` knobs; the policy's module docs say how each is used.

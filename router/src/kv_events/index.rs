@@ -70,6 +70,7 @@ pub struct KvIndex {
     max_blocks_per_stream: usize,
     streams: HashMap<StreamId, Stream>,
     holders: HashMap<u64, Vec<StreamId>>,
+    by_worker: HashMap<u64, Vec<StreamId>>,
     next_stream: u32,
 }
 
@@ -82,6 +83,7 @@ impl KvIndex {
             max_blocks_per_stream,
             streams: HashMap::new(),
             holders: HashMap::new(),
+            by_worker: HashMap::new(),
             next_stream: 0,
         }
     }
@@ -103,13 +105,36 @@ impl KvIndex {
                 coverage: Coverage::Cold,
             },
         );
+        self.by_worker.entry(worker).or_default().push(id);
         id
     }
 
     /// Drops a stream and its blocks (its worker left).
     pub fn remove_stream(&mut self, id: StreamId) {
         self.clear(id);
-        self.streams.remove(&id);
+        if let Some(stream) = self.streams.remove(&id)
+            && let Entry::Occupied(mut entry) = self.by_worker.entry(stream.worker)
+        {
+            entry.get_mut().retain(|s| *s != id);
+            if entry.get().is_empty() {
+                entry.remove();
+            }
+        }
+    }
+
+    /// The best coverage among `worker`'s streams: whether its blocks can
+    /// be routed on at all.
+    pub fn worker_coverage(&self, worker: u64) -> Coverage {
+        let streams = self.by_worker.get(&worker).map_or(&[][..], Vec::as_slice);
+        let mut best = Coverage::Cold;
+        for id in streams {
+            match self.coverage(*id) {
+                Coverage::Complete => return Coverage::Complete,
+                Coverage::Suffix => best = Coverage::Suffix,
+                Coverage::Cold => {}
+            }
+        }
+        best
     }
 
     /// Forgets every block of `id` (the engine cleared its cache, restarted

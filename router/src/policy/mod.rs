@@ -45,6 +45,7 @@ mod least_load;
 mod load_aware;
 mod pick;
 mod power_of_two;
+mod precise_prefix;
 mod prefix_affinity;
 mod prefix_tree;
 mod random;
@@ -72,8 +73,8 @@ pub use cache_aware::CacheAwarePolicy;
 pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;
+pub use precise_prefix::PrecisePrefixPolicy;
 pub use prefix_affinity::PrefixAffinityPolicy;
-pub(crate) use prefix_affinity::mix;
 pub use prefix_tree::TreeUpkeep;
 pub use random::RandomPolicy;
 pub use registry::{Registration, build, registration};
@@ -131,6 +132,13 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// tasks. It runs until the replica stops; it is asked for again to
     /// restart it after a panic, so each call must return a fresh task.
     fn background_task(&self) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
+
+    /// The engines' KV-event index the policy routes on, if it uses one:
+    /// the replica runs its subscriptions (one stream per registered
+    /// worker rank) next to its other background tasks.
+    fn kv_events(&self) -> Option<Arc<crate::kv_events::KvEvents>> {
         None
     }
 }

@@ -67,7 +67,7 @@ use crate::workers::Worker;
 pub const BLOCK_BYTES: usize = 64;
 
 /// splitmix64's finaliser: a well-mixed 64-bit value from a weak one.
-pub(crate) fn mix(mut z: u64) -> u64 {
+fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
@@ -98,7 +98,7 @@ pub fn rendezvous_weight(key: u64, url_hash: u64) -> u64 {
 /// request while both its expected wait and its in-flight requests stay
 /// within `1 + ε` of the candidates' mean.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct LoadBound {
+pub(super) struct LoadBound {
     /// Highest admissible least_load score: `(1 + ε) × mean + own work`.
     wait: f64,
     /// Mirrokni–Thorup–Zadimoghaddam's capacity in requests,
@@ -112,7 +112,7 @@ impl LoadBound {
     /// The bound over the candidates' least_load `scores` and fleet
     /// in-flight `requests` for a request whose own work is `own` (in the
     /// scores' unit); `None` when no score is finite.
-    fn over(scores: &[f64], requests: &[u64], own: f64, epsilon: f64) -> Option<Self> {
+    pub(super) fn over(scores: &[f64], requests: &[u64], own: f64, epsilon: f64) -> Option<Self> {
         let finite = scores.iter().filter(|s| s.is_finite());
         let (sum, n) = finite.fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
         if n == 0 {
@@ -128,7 +128,7 @@ impl LoadBound {
 
     /// Whether a candidate with this score and in-flight count may take
     /// the request.
-    fn admits(&self, wait: f64, requests: u64) -> bool {
+    pub(super) fn admits(&self, wait: f64, requests: u64) -> bool {
         wait <= self.wait && requests < self.requests
     }
 }

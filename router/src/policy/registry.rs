@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::{
     CacheAwarePolicy, LeastLoadPolicy, LoadAwarePolicy, Policy, PowerOfTwoPolicy,
-    PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
+    PrecisePrefixPolicy, PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
 };
 use crate::config::{
-    CACHE_AWARE_FLAGS, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, PREFIX_AFFINITY_FLAGS, PolicyKind,
-    RoutingConfig,
+    CACHE_AWARE_FLAGS, LEAST_LOAD_FLAGS, LOAD_AWARE_FLAGS, PRECISE_PREFIX_FLAGS,
+    PREFIX_AFFINITY_FLAGS, PolicyKind, RoutingConfig,
 };
 
 /// One row of the registry: how one `--policy` value becomes a policy.
@@ -62,6 +62,16 @@ pub fn registration(kind: PolicyKind) -> Registration {
             flags: Some(PREFIX_AFFINITY_FLAGS),
             build: |routing| {
                 Arc::new(PrefixAffinityPolicy::new(
+                    routing.prefix_affinity,
+                    routing.least_load,
+                ))
+            },
+        },
+        PolicyKind::PrecisePrefix => Registration {
+            flags: Some(PRECISE_PREFIX_FLAGS),
+            build: |routing| {
+                Arc::new(PrecisePrefixPolicy::new(
+                    routing.kv_events.clone(),
                     routing.prefix_affinity,
                     routing.least_load,
                 ))

@@ -1,0 +1,251 @@
+//! Routing on where the KV cache really is: the engines' own KV-cache
+//! events (vLLM, SGLang), one exact index on every replica.
+//!
+//! **Every replica subscribes to every engine.** The alternative — one
+//! subscriber per engine (poll ownership) shipping index deltas over the
+//! mesh — saves sockets (E instead of R × E) but adds a second source of
+//! truth with its own ordering, loss and warm-up problems, and a block's
+//! arrival at a replica then depends on two hops instead of one. A batch
+//! is a few hundred bytes per engine step; R × E subscriptions cost each
+//! engine R copies of that (R is 2–10 behind one Service), and each
+//! replica applies the same ordered stream per engine, so every replica's
+//! index is the same by construction: no merge, no extra frames.
+//!
+//! Parts: [`wire`] decodes the batches; [`sequence`] judges each batch's
+//! number (gap, restart, late join); [`subscriber`] owns one engine's
+//! sockets (SUB, and DEALER for replay); [`index`] maps blocks to engines;
+//! [`chain`] is Shoal's block hash over token ids; [`tokens`] turns a
+//! prompt into those blocks. This module wires them to the worker
+//! registry: a stream per worker (per data-parallel rank) while the worker
+//! is registered.
+
+pub mod chain;
+pub mod index;
+pub mod sequence;
+pub mod subscriber;
+pub mod tokens;
+pub mod vectors;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::config::KvEventsConfig;
+use crate::request::RequestInfo;
+use crate::workers::Registry;
+
+pub use index::{Coverage, KvIndex, StreamId};
+pub use subscriber::StreamEndpoints;
+pub use tokens::Tokenizers;
+
+/// How often the set of streams is matched to the registry.
+const RECONCILE_EVERY: Duration = Duration::from_millis(500);
+
+/// The KV-event side of one replica: its index, the tokenizers that make
+/// prompts into blocks, and where each worker's events come from.
+#[derive(Debug)]
+pub struct KvEvents {
+    config: KvEventsConfig,
+    index: Arc<RwLock<KvIndex>>,
+    tokenizers: Tokenizers,
+}
+
+impl KvEvents {
+    /// The KV-event side for these flags. A tokenizer that does not load
+    /// is logged and left out (config validation has already refused a
+    /// start with one).
+    pub fn new(config: KvEventsConfig) -> Self {
+        let tokenizers = Tokenizers::load(&config.tokenizers()).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "precise_prefix runs without tokenizers");
+            Tokenizers::default()
+        });
+        Self {
+            index: Arc::new(RwLock::new(KvIndex::new(
+                config.kv_block_size,
+                config.kv_index_max_blocks_per_engine,
+            ))),
+            tokenizers,
+            config,
+        }
+    }
+
+    /// The index (tests and the debug endpoint read it).
+    pub fn index(&self) -> &RwLock<KvIndex> {
+        &self.index
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, KvIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where `worker_url`'s engine ranks publish, from the port flags and
+    /// the URL's host; empty when no events port is set.
+    pub fn endpoints_for(&self, worker_url: &str) -> Vec<StreamEndpoints> {
+        let Some(port) = self.config.kv_events_port else {
+            return Vec::new();
+        };
+        let Some(host) = url_host(worker_url) else {
+            return Vec::new();
+        };
+        (0..self.config.kv_events_dp_ranks)
+            .filter_map(|rank| {
+                let events = port.checked_add(u16::try_from(rank).ok()?)?;
+                let replay = self
+                    .config
+                    .kv_events_replay_port
+                    .and_then(|p| p.checked_add(u16::try_from(rank).ok()?));
+                Some(StreamEndpoints {
+                    events: format!("tcp://{host}:{events}"),
+                    replay: replay.map(|p| format!("tcp://{host}:{p}")),
+                })
+            })
+            .collect()
+    }
+
+    /// The chained block hashes of `request`'s prompt, or `None` when no
+    /// tokenizer serves its model or it has no text.
+    pub fn prompt_blocks(&self, request: &RequestInfo) -> Option<Vec<u64>> {
+        let text = request.text.as_deref()?;
+        let ids = self.tokenizers.encode(request.model.as_deref(), text)?;
+        Some(chain::blocks(
+            chain::seed(None),
+            &ids,
+            self.config.kv_block_size,
+        ))
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.config.kv_block_size
+    }
+
+    /// Each worker's cached prefix of `blocks` in blocks (the best of its
+    /// ranks), for workers whose index can be routed on.
+    pub fn cached_blocks(&self, blocks: &[u64], out: &mut HashMap<u64, usize>) {
+        out.clear();
+        let mut matches = Vec::new();
+        self.read().matches(blocks, &mut matches);
+        for (worker, depth) in matches {
+            let best = out.entry(worker).or_insert(0);
+            *best = (*best).max(depth);
+        }
+    }
+
+    /// Whether `worker`'s blocks can be routed on (some rank's stream is
+    /// not cold); an untrusted worker falls back to prefix affinity.
+    pub fn trusted(&self, worker: u64) -> bool {
+        self.read().worker_coverage(worker) != Coverage::Cold
+    }
+
+    /// Keeps one stream per registered worker rank, forever: new workers
+    /// get streams, removed ones lose theirs (and their blocks).
+    pub async fn run(self: Arc<Self>, registry: Arc<Registry>) {
+        if self.config.kv_events_port.is_none() {
+            return;
+        }
+        let mut running: HashMap<u64, Vec<(StreamId, tokio::task::JoinHandle<()>)>> =
+            HashMap::new();
+        let mut ticker = tokio::time::interval(RECONCILE_EVERY);
+        loop {
+            ticker.tick().await;
+            let workers = registry.all();
+            running.retain(|id, streams| {
+                let keep = workers.iter().any(|w| w.id() == *id);
+                if !keep {
+                    let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+                    for (stream, task) in streams.drain(..) {
+                        task.abort();
+                        index.remove_stream(stream);
+                    }
+                }
+                keep
+            });
+            for worker in workers.iter() {
+                if running.contains_key(&worker.id()) {
+                    continue;
+                }
+                let streams = self
+                    .endpoints_for(worker.url())
+                    .into_iter()
+                    .map(|endpoints| {
+                        let stream = self
+                            .index
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .add_stream(worker.id());
+                        let index = self.index.clone();
+                        let url = worker.url().to_string();
+                        let task = tokio::spawn(subscriber::run(
+                            endpoints,
+                            index,
+                            stream,
+                            move |outcome| record(&url, outcome),
+                        ));
+                        (stream, task)
+                    })
+                    .collect();
+                running.insert(worker.id(), streams);
+            }
+            let index = self.read();
+            metrics::gauge!("shoal_kv_index_blocks").set(index.distinct_blocks() as f64);
+        }
+    }
+}
+
+/// Counts one stream outcome.
+fn record(worker: &str, outcome: subscriber::Outcome) {
+    use subscriber::Outcome;
+    let result = match outcome {
+        Outcome::Applied => "applied",
+        Outcome::Malformed => "malformed",
+        Outcome::Replayed => "replayed",
+        Outcome::Cleared => "cleared",
+        Outcome::Restarted => "restarted",
+    };
+    metrics::counter!("shoal_kv_event_batches_total", "worker" => worker.to_string(), "result" => result)
+        .increment(1);
+}
+
+/// The host of an `http(s)://host:port/...` URL (brackets kept for IPv6).
+fn url_host(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split('/').next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    if authority.starts_with('[') {
+        return authority.find(']').map(|end| &authority[..=end]);
+    }
+    Some(authority.split(':').next().unwrap_or(authority)).filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_follow_the_worker_host_and_the_rank_offset() {
+        let kv = KvEvents::new(KvEventsConfig {
+            kv_events_port: Some(5557),
+            kv_events_replay_port: Some(5600),
+            kv_events_dp_ranks: 2,
+            ..KvEventsConfig::default()
+        });
+        assert_eq!(
+            kv.endpoints_for("http://engine-a:8000/v1"),
+            vec![
+                StreamEndpoints {
+                    events: "tcp://engine-a:5557".into(),
+                    replay: Some("tcp://engine-a:5600".into()),
+                },
+                StreamEndpoints {
+                    events: "tcp://engine-a:5558".into(),
+                    replay: Some("tcp://engine-a:5601".into()),
+                },
+            ]
+        );
+        assert_eq!(url_host("https://[::1]:8443"), Some("[::1]"));
+        assert_eq!(url_host("nonsense"), None);
+        let off = KvEvents::new(KvEventsConfig::default());
+        assert!(off.endpoints_for("http://a:1").is_empty());
+    }
+}
