@@ -31,7 +31,12 @@ pub struct KvEventsConfig {
     pub kv_block_size: usize,
 
     /// precise_prefix: tokenizer.json to split prompts into tokens with, as `PATH` (every model) or `MODEL=PATH`; repeatable.
-    #[arg(long, env = "SHOAL_KV_TOKENIZER", value_delimiter = ',', value_name = "[MODEL=]PATH")]
+    #[arg(
+        long,
+        env = "SHOAL_KV_TOKENIZER",
+        value_delimiter = ',',
+        value_name = "[MODEL=]PATH"
+    )]
     pub kv_tokenizer: Vec<String>,
 
     /// precise_prefix: blocks the index keeps per engine rank; past it new blocks are not indexed (counted).

@@ -23,11 +23,9 @@ pub fn seed(lora: Option<&str>) -> u64 {
     let base = 0x5348_4f41_4c4b_5631; // "SHOALKV1"
     match lora {
         None => base,
-        Some(name) => name
-            .bytes()
-            .fold(mix(base ^ 0x4c4f_5241), |h, b| {
-                (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            }),
+        Some(name) => name.bytes().fold(mix(base ^ 0x4c4f_5241), |h, b| {
+            (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }),
     }
 }
 

@@ -216,7 +216,8 @@ impl KvIndex {
                 }
             },
         };
-        for (engine_hash, block_tokens) in event.block_hashes.iter().zip(tokens.chunks_exact(size)) {
+        for (engine_hash, block_tokens) in event.block_hashes.iter().zip(tokens.chunks_exact(size))
+        {
             let ours = chain::block(parent, block_tokens);
             parent = ours;
             let full = stream.blocks.len() >= self.max_blocks_per_stream;

@@ -50,9 +50,16 @@ fn stored_chains_match_prompts_by_their_tokens_not_the_engine_hashes() {
     index.apply(a, &[stored(&[101, 102], None, &[1, 2, 3, 4])]);
     index.apply(a, &[stored(&[103], Some(102), &[5, 6])]);
     index.apply(b, &[stored(&[9001], None, &[1, 2])]);
-    assert_eq!(matches(&index, &[1, 2, 3, 4, 5, 6, 7]), vec![(1, 3), (2, 1)]);
+    assert_eq!(
+        matches(&index, &[1, 2, 3, 4, 5, 6, 7]),
+        vec![(1, 3), (2, 1)]
+    );
     assert_eq!(matches(&index, &[1, 2, 9, 9]), vec![(1, 1), (2, 1)]);
-    assert_eq!(matches(&index, &[3, 4]), vec![], "no match without the prefix");
+    assert_eq!(
+        matches(&index, &[3, 4]),
+        vec![],
+        "no match without the prefix"
+    );
     assert_eq!(index.blocks_of(a), 3);
     assert_eq!(index.distinct_blocks(), 3, "a shared block is one entry");
 }
@@ -66,14 +73,22 @@ fn removal_clearing_and_cold_streams() {
     assert_eq!(applied.removed, 1, "an unknown hash is ignored");
     assert_eq!(matches(&index, &[1, 2, 3, 4]), vec![(1, 1)]);
     index.set_coverage(a, Coverage::Cold);
-    assert_eq!(matches(&index, &[1, 2]), vec![], "a cold stream is not routed on");
+    assert_eq!(
+        matches(&index, &[1, 2]),
+        vec![],
+        "a cold stream is not routed on"
+    );
     index.set_coverage(a, Coverage::Suffix);
     index.apply(a, &[KvEvent::AllCleared]);
     assert_eq!(matches(&index, &[1, 2]), vec![]);
     assert_eq!(index.distinct_blocks(), 0);
     index.apply(a, &[stored(&[101], None, &[1, 2])]);
     index.remove_stream(a);
-    assert_eq!(index.distinct_blocks(), 0, "a removed stream leaves nothing");
+    assert_eq!(
+        index.distinct_blocks(),
+        0,
+        "a removed stream leaves nothing"
+    );
     assert_eq!(index.worker_coverage(1), Coverage::Cold);
 }
 
@@ -127,8 +142,15 @@ fn adapters_chain_apart() {
         s.lora = Some("my-lora".into());
     }
     index.apply(a, &[lora]);
-    assert_eq!(matches(&index, &[1, 2]), vec![], "base-model prompt, adapter block");
+    assert_eq!(
+        matches(&index, &[1, 2]),
+        vec![],
+        "base-model prompt, adapter block"
+    );
     let mut out = Vec::new();
-    index.matches(&chain::blocks(chain::seed(Some("my-lora")), &[1, 2], BS), &mut out);
+    index.matches(
+        &chain::blocks(chain::seed(Some("my-lora")), &[1, 2], BS),
+        &mut out,
+    );
     assert_eq!(out, vec![(1, 1)]);
 }

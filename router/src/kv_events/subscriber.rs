@@ -80,7 +80,9 @@ pub async fn run(
                 };
                 reader.read(&mut socket).await;
             }
-            Ok(Err(e)) => tracing::debug!(endpoint = %endpoints.events, error = %e, "kv events connect failed"),
+            Ok(Err(e)) => {
+                tracing::debug!(endpoint = %endpoints.events, error = %e, "kv events connect failed")
+            }
             Err(_) => tracing::debug!(endpoint = %endpoints.events, "kv events connect timed out"),
         }
         write(&index).set_coverage(stream, Coverage::Cold);
@@ -96,7 +98,9 @@ fn socket_options() -> SocketOptions {
 }
 
 fn write(index: &RwLock<KvIndex>) -> std::sync::RwLockWriteGuard<'_, KvIndex> {
-    index.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    index
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 struct StreamReader<'a, F> {
@@ -259,15 +263,16 @@ pub async fn replay(endpoint: &str, from: u64) -> Result<Vec<(u64, Bytes)>, Repl
         let reply = dealer.recv().await?;
         let frames: Vec<&Bytes> = reply.iter().collect();
         let (seq, payload) = match frames.as_slice() {
-            [empty, _, seq, payload] | [empty, seq, payload] if empty.is_empty() => {
-                (seq, payload)
-            }
+            [empty, _, seq, payload] | [empty, seq, payload] if empty.is_empty() => (seq, payload),
             _ => return Err(ReplayError::Malformed),
         };
         if seq.as_ref() == END_OF_REPLAY {
             return Ok(batches);
         }
-        let seq: [u8; 8] = seq.as_ref().try_into().map_err(|_| ReplayError::Malformed)?;
+        let seq: [u8; 8] = seq
+            .as_ref()
+            .try_into()
+            .map_err(|_| ReplayError::Malformed)?;
         if payload.len() > MAX_PAYLOAD_BYTES {
             return Err(ReplayError::Malformed);
         }

@@ -81,8 +81,11 @@ mod tests {
 
     #[test]
     fn a_bad_file_is_an_error_naming_it() {
-        let err = Tokenizers::load(&[(None, PathBuf::from("/nonexistent/tokenizer.json"))])
-            .unwrap_err();
-        assert!(err.contains("--kv-tokenizer /nonexistent/tokenizer.json"), "{err}");
+        let err =
+            Tokenizers::load(&[(None, PathBuf::from("/nonexistent/tokenizer.json"))]).unwrap_err();
+        assert!(
+            err.contains("--kv-tokenizer /nonexistent/tokenizer.json"),
+            "{err}"
+        );
     }
 }

@@ -202,7 +202,10 @@ fn decode_event(value: &Value) -> Result<KvEvent, WireError> {
                 None => None,
                 Some(v) => Some(hash(v).ok_or(WireError::Shape("a parent hash is not a hash"))?),
             },
-            token_ids: fields.get(STORED_TOKENS, "token_ids").map(tokens).transpose()?,
+            token_ids: fields
+                .get(STORED_TOKENS, "token_ids")
+                .map(tokens)
+                .transpose()?,
             block_size: fields
                 .get(STORED_BLOCK_SIZE, "block_size")
                 .and_then(Value::as_u64)

@@ -133,7 +133,10 @@ fn signed_hashes_and_eagle_pairs() {
     let KvEvent::Stored(event) = &batch.events[0] else {
         panic!("{batch:?}");
     };
-    assert_eq!(event.block_hashes, vec![-4_242_424_242_424_242_424i64 as u64]);
+    assert_eq!(
+        event.block_hashes,
+        vec![-4_242_424_242_424_242_424i64 as u64]
+    );
     assert_eq!(event.parent, Some(u64::MAX), "-1 is a hash like any other");
     let batch = decode_batch(&batch_of(SGLANG_0_5_23_EAGLE)).unwrap();
     let KvEvent::Stored(event) = &batch.events[0] else {

@@ -143,9 +143,7 @@ impl Policy for PrecisePrefixPolicy {
             let weight = rendezvous_weight(tie_key, worker.url_hash());
             let better = match best {
                 None => score.is_finite(),
-                Some((top, top_weight, _)) => {
-                    score < top || (score == top && weight > top_weight)
-                }
+                Some((top, top_weight, _)) => score < top || (score == top && weight > top_weight),
             };
             if better {
                 best = Some((score, weight, i));
@@ -173,3 +171,6 @@ impl Policy for PrecisePrefixPolicy {
         self.least_load.token_work(request)
     }
 }
+
+#[cfg(test)]
+mod tests;

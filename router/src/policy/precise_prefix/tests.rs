@@ -1,0 +1,157 @@
+use std::path::PathBuf;
+
+use super::*;
+use crate::kv_events::Tokenizers;
+use crate::kv_events::index::Coverage;
+use crate::kv_events::wire::{KvEvent, Stored};
+use crate::policy::testkit::*;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer/tokenizer.json")
+}
+
+fn policy() -> PrecisePrefixPolicy {
+    PrecisePrefixPolicy::new(
+        KvEventsConfig {
+            kv_tokenizer: vec![fixture().display().to_string()],
+            ..KvEventsConfig::default()
+        },
+        PrefixAffinityConfig::default(),
+        LeastLoadConfig::default(),
+    )
+}
+
+/// Lit workers with empty queues at 2000 tok/s and k = 0.1.
+fn idle_workers(n: usize) -> Vec<Arc<Worker>> {
+    let workers = workers(n);
+    for w in &workers {
+        set_load(w, engine().queued(0).throughput(2000.0).usage(0.1));
+    }
+    workers
+}
+
+fn prompt(tag: &str) -> String {
+    let mut s = format!("{tag}: ");
+    while s.len() < 2000 {
+        s.push_str("the shared system prompt of a chat assistant; ");
+    }
+    s
+}
+
+/// Gives `worker` a trusted stream holding the first `blocks` blocks of
+/// `text`'s tokens (as its engine's BlockStored would).
+fn engine_caches(policy: &PrecisePrefixPolicy, worker: &Worker, text: &str, blocks: usize) {
+    let ids = Tokenizers::load(&[(None, fixture())])
+        .unwrap()
+        .encode(None, text)
+        .unwrap();
+    let size = policy.kv.block_size();
+    let mut index = policy.kv.index().write().unwrap();
+    let stream = index.add_stream(worker.id());
+    index.set_coverage(stream, Coverage::Complete);
+    index.apply(
+        stream,
+        &[KvEvent::Stored(Stored {
+            block_hashes: (0..blocks as u64).map(|b| worker.id() * 1000 + b).collect(),
+            parent: None,
+            token_ids: Some(ids[..blocks * size].to_vec()),
+            block_size: Some(size as u32),
+            lora: None,
+            on_gpu: true,
+            main_group: true,
+        })],
+    );
+}
+
+/// A trusted, empty stream for each worker.
+fn events_on(policy: &PrecisePrefixPolicy, workers: &[Arc<Worker>]) {
+    let mut index = policy.kv.index().write().unwrap();
+    for w in workers {
+        let stream = index.add_stream(w.id());
+        index.set_coverage(stream, Coverage::Complete);
+    }
+}
+
+#[test]
+fn the_worker_caching_the_longest_prefix_wins() {
+    let p = policy();
+    let workers = idle_workers(4);
+    events_on(&p, &workers);
+    let text = prompt("a");
+    engine_caches(&p, &workers[1], &text, 10);
+    engine_caches(&p, &workers[2], &text, 40);
+    let request = crate::policy::testkit::text(&text);
+    assert_eq!(pick_n(&p, &workers, &request, 50), vec![0, 0, 50, 0]);
+}
+
+#[test]
+fn a_busy_cache_holder_loses_to_the_bound() {
+    let p = policy();
+    let workers = idle_workers(4);
+    events_on(&p, &workers);
+    let text = prompt("b");
+    engine_caches(&p, &workers[2], &text, 40);
+    // Worker 2 is far above the mean wait: the guard keeps the prefix off it.
+    set_load(
+        &workers[2],
+        engine().queued(200_000).throughput(2000.0).usage(0.1),
+    );
+    let request = crate::policy::testkit::text(&text);
+    let counts = pick_n(&p, &workers, &request, 60);
+    assert_eq!(counts[2], 0, "{counts:?}");
+}
+
+#[test]
+fn replicas_agree_and_uncached_prompts_do_not_herd_by_coin() {
+    // Two replicas (separate policies, the same index content): the same
+    // answer for the same prompt, including when nothing is cached.
+    let (p, q) = (policy(), policy());
+    let workers = idle_workers(6);
+    events_on(&p, &workers);
+    events_on(&q, &workers);
+    let text = prompt("c");
+    engine_caches(&p, &workers[4], &text, 3);
+    engine_caches(&q, &workers[4], &text, 3);
+    let request = crate::policy::testkit::text(&text);
+    let fleet = fleet();
+    for _ in 0..20 {
+        assert_eq!(
+            p.select(&workers, &request, &fleet),
+            q.select(&workers, &request, &fleet)
+        );
+    }
+}
+
+#[test]
+fn a_worker_without_events_falls_back_to_affinity_alone() {
+    let p = policy();
+    let workers = idle_workers(4);
+    // Only workers 0 and 1 have event streams, and they cache nothing of
+    // this prompt; 2 and 3 have none: the affinity home among 2 and 3
+    // takes the prompt, every time.
+    events_on(&p, &workers[..2]);
+    let request = crate::policy::testkit::text(&prompt("d"));
+    let counts = pick_n(&p, &workers, &request, 40);
+    assert_eq!(counts[0] + counts[1], 0, "{counts:?}");
+    assert!(counts[2] == 40 || counts[3] == 40, "{counts:?}");
+}
+
+#[test]
+fn without_a_tokenizer_it_is_least_load() {
+    let p = PrecisePrefixPolicy::new(
+        KvEventsConfig::default(),
+        PrefixAffinityConfig::default(),
+        LeastLoadConfig::default(),
+    );
+    let workers = idle_workers(3);
+    set_load(
+        &workers[0],
+        engine().queued(50_000).throughput(2000.0).usage(0.1),
+    );
+    set_load(
+        &workers[1],
+        engine().queued(10_000).throughput(2000.0).usage(0.1),
+    );
+    let request = crate::policy::testkit::text(&prompt("e"));
+    assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 20]);
+}
