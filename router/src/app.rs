@@ -43,6 +43,9 @@ pub enum StartError {
     /// Keys or engine TLS files could not be read (the message names the flag).
     #[error("{0}")]
     Security(String),
+    /// A policy's own files (a tokenizer) could not be loaded.
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// A replica that is listening; drop-in for tests and `main`.
@@ -84,6 +87,9 @@ impl Server {
             config.load.polls_engines(),
         ));
         let policy = policy::build(&config.routing);
+        if let Some(error) = policy.kv_events().and_then(|kv| kv.load_error()) {
+            return Err(StartError::Policy(error));
+        }
         if let (Some(mesh), Some(sightings)) = (&mesh, policy.sightings()) {
             mesh_setup::share_sightings(mesh, &sightings);
         }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod body;
+mod dry_run;
 mod front;
 mod inference;
 mod info;
@@ -12,7 +13,7 @@ pub mod state;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 
 pub use front::Front;
 use state::AppState;
@@ -32,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/mesh/status", get(info::mesh_status))
         .route("/workers", get(admin::list).post(admin::add))
         .route("/workers/{url}", delete(admin::remove))
+        .route("/debug/route", post(dry_run::route))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(state)

@@ -49,18 +49,20 @@ pub struct KvEvents {
     config: KvEventsConfig,
     index: Arc<RwLock<KvIndex>>,
     tokenizers: Tokenizers,
+    load_error: Option<String>,
 }
 
 impl KvEvents {
-    /// The KV-event side for these flags. A tokenizer that does not load
-    /// is logged and left out (config validation has already refused a
-    /// start with one).
+    /// The KV-event side for these flags. Tokenizers that do not load
+    /// leave it without any, and [`KvEvents::load_error`] says why (the
+    /// replica refuses to start; a reload keeps the running policy).
     pub fn new(config: KvEventsConfig) -> Self {
-        let tokenizers = Tokenizers::load(&config.tokenizers()).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "precise_prefix runs without tokenizers");
-            Tokenizers::default()
-        });
+        let (tokenizers, load_error) = match Tokenizers::load(&config.tokenizers()) {
+            Ok(tokenizers) => (tokenizers, None),
+            Err(e) => (Tokenizers::default(), Some(e)),
+        };
         Self {
+            load_error,
             index: Arc::new(RwLock::new(KvIndex::new(
                 config.kv_block_size,
                 config.kv_index_max_blocks_per_engine,
@@ -68,6 +70,12 @@ impl KvEvents {
             tokenizers,
             config,
         }
+    }
+
+    /// Why the tokenizers did not load, if they did not (the message names
+    /// the flag and the file).
+    pub fn load_error(&self) -> Option<String> {
+        self.load_error.clone()
     }
 
     /// The index (tests and the debug endpoint read it).

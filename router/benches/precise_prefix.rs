@@ -1,0 +1,240 @@
+//! What `precise_prefix` costs per request at 1,024 workers with an
+//! 8k-token prompt, split where the time goes: tokenizing the prompt,
+//! chaining its blocks, the index walk, and the whole selection (all of
+//! these plus least_load's scores over every worker). Before the samples
+//! it prints the index's memory per block (a fill of 100 engines × 100k
+//! blocks, measured as the process's resident-set growth) and the figure
+//! that implies at 1,000 engines × 100k blocks.
+//! Run with `cargo bench -p shoal --bench precise_prefix`.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use divan::{Bencher, black_box};
+use shoal::config::{BreakerConfig, KvEventsConfig, LeastLoadConfig, PrefixAffinityConfig};
+use shoal::fleet::LocalFleet;
+use shoal::kv_events::wire::{KvEvent, Stored};
+use shoal::kv_events::{Coverage, KvEvents, KvIndex, Tokenizers, chain};
+use shoal::policy::{Policy, PrecisePrefixPolicy};
+use shoal::request::RequestInfo;
+use shoal::workers::Worker;
+use shoal_proto::{EngineKind, EngineLoad, LoadSnapshot};
+
+const WORKERS: usize = 1024;
+const TARGET_TOKENS: usize = 8192;
+const BLOCK: usize = 16;
+
+fn main() {
+    print_index_memory();
+    divan::main();
+}
+
+fn tokenizer_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer/tokenizer.json")
+}
+
+fn tokenizers() -> Tokenizers {
+    Tokenizers::load(&[(None, tokenizer_path())]).unwrap()
+}
+
+/// A prompt of about 8k tokens: a shared 2k-token system part, then a
+/// user part unique to `seed`.
+fn prompt_text(seed: u64) -> String {
+    const WORDS: [&str; 12] = [
+        "the ", "quick ", "brown ", "fox ", "router ", "engine ", "cache ", "prefix ", "block ",
+        "token ", "request ", "reply ",
+    ];
+    let tokens = tokenizers();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut text = String::new();
+    let mut words = 0usize;
+    loop {
+        if words == 2000 {
+            state ^= seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) | 1;
+        }
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        text.push_str(WORDS[(state % 12) as usize]);
+        words += 1;
+        if words % 512 == 0 && tokens.encode(None, &text).unwrap().len() >= TARGET_TOKENS {
+            return text;
+        }
+    }
+}
+
+fn request(seed: u64) -> RequestInfo {
+    let text = prompt_text(seed);
+    RequestInfo {
+        prompt_tokens: TARGET_TOKENS as u64,
+        max_output_tokens: Some(256),
+        stream: true,
+        text: Some(text),
+        ..RequestInfo::default()
+    }
+}
+
+/// 1,024 polled workers; every worker's engine caches the shared part of
+/// the prompt, one in 64 also the prompt's user part up to its middle.
+fn setup() -> (
+    PrecisePrefixPolicy,
+    Vec<Arc<Worker>>,
+    LocalFleet,
+    Vec<RequestInfo>,
+) {
+    let policy = PrecisePrefixPolicy::new(
+        KvEventsConfig {
+            kv_tokenizer: vec![tokenizer_path().display().to_string()],
+            ..KvEventsConfig::default()
+        },
+        PrefixAffinityConfig::default(),
+        LeastLoadConfig::default(),
+    );
+    let workers: Vec<Arc<Worker>> = (0..WORKERS)
+        .map(|i| {
+            Arc::new(Worker::new(
+                format!("http://engine-{i}:8000"),
+                BreakerConfig::default(),
+            ))
+        })
+        .collect();
+    for (i, w) in workers.iter().enumerate() {
+        w.store_snapshot(
+            LoadSnapshot {
+                source: EngineKind::Sglang,
+                load: EngineLoad {
+                    token_usage: Some((i * 37 % 90) as f64 / 100.0),
+                    queued_tokens: Some((i * 131 % 8000) as u64),
+                    gen_throughput: Some(1500.0),
+                    ..EngineLoad::default()
+                },
+                polled_at_unix_ms: 0,
+                poller: "bench".into(),
+            },
+            std::time::Instant::now(),
+        );
+    }
+    let requests: Vec<RequestInfo> = (0..4).map(request).collect();
+    let kv = policy.kv_events().unwrap();
+    let tokens = tokenizers()
+        .encode(None, requests[0].text.as_deref().unwrap())
+        .unwrap();
+    let full = tokens.len() / BLOCK;
+    {
+        let mut index = kv.index().write().unwrap();
+        for (i, w) in workers.iter().enumerate() {
+            let stream = index.add_stream(w.id());
+            index.set_coverage(stream, Coverage::Complete);
+            let blocks = if i % 64 == 0 { full / 2 } else { full / 4 };
+            index.apply(stream, &[stored(i as u64, &tokens[..blocks * BLOCK])]);
+        }
+    }
+    eprintln!(
+        "precise_prefix bench: {WORKERS} workers, prompt {} tokens ({} blocks of {BLOCK}), {} chars",
+        tokens.len(),
+        full,
+        requests[0].text.as_deref().unwrap().len()
+    );
+    (
+        policy,
+        workers,
+        LocalFleet::new(Duration::from_secs(3600)),
+        requests,
+    )
+}
+
+fn stored(engine: u64, tokens: &[u32]) -> KvEvent {
+    let blocks = tokens.len() / BLOCK;
+    KvEvent::Stored(Stored {
+        block_hashes: (0..blocks as u64).map(|b| (engine << 32) | b).collect(),
+        parent: None,
+        token_ids: Some(tokens.to_vec()),
+        block_size: Some(BLOCK as u32),
+        lora: None,
+        on_gpu: true,
+        main_group: true,
+    })
+}
+
+#[divan::bench(sample_count = 50)]
+fn tokenize_8k(bencher: Bencher) {
+    let tokens = tokenizers();
+    let text = prompt_text(1);
+    bencher.bench_local(|| black_box(tokens.encode(None, black_box(&text))));
+}
+
+#[divan::bench(sample_count = 50)]
+fn chain_blocks_8k(bencher: Bencher) {
+    let ids = tokenizers().encode(None, &prompt_text(1)).unwrap();
+    bencher.bench_local(|| black_box(chain::blocks(chain::seed(None), black_box(&ids), BLOCK)));
+}
+
+#[divan::bench(sample_count = 50)]
+fn index_walk_1024(bencher: Bencher) {
+    let (policy, _workers, _fleet, requests) = setup();
+    let kv: Arc<KvEvents> = policy.kv_events().unwrap();
+    let blocks = kv.prompt_blocks(&requests[0]).unwrap();
+    let mut out = std::collections::HashMap::new();
+    bencher.bench_local(|| {
+        kv.cached_blocks(black_box(&blocks), &mut out);
+        black_box(out.len())
+    });
+}
+
+#[divan::bench(sample_count = 50)]
+fn select_1024_workers_8k_prompt(bencher: Bencher) {
+    let (policy, workers, fleet, requests) = setup();
+    let mut i = 0usize;
+    bencher.bench_local(|| {
+        i = i.wrapping_add(1);
+        black_box(policy.select(&workers, &requests[i % requests.len()], &fleet))
+    });
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Fills an index with `engines` × `blocks` distinct blocks and prints the
+/// resident-set growth per block.
+fn print_index_memory() {
+    let (engines, blocks) = (100usize, 100_000usize);
+    let before = rss_bytes();
+    let mut index = KvIndex::new(BLOCK, blocks);
+    let tokens: Vec<u32> = (0..(1000 * BLOCK) as u32).collect();
+    for e in 0..engines {
+        let stream = index.add_stream(e as u64);
+        // Chains of 1,000 blocks, each engine's own (distinct tokens).
+        for c in 0..blocks / 1000 {
+            let seeded: Vec<u32> = tokens
+                .iter()
+                .map(|t| t ^ ((e * 1000 + c) as u32) << 14)
+                .collect();
+            let mut event = stored(((e * 1000 + c) as u64) << 10, &seeded);
+            if let KvEvent::Stored(s) = &mut event {
+                s.block_hashes = (0..1000u64)
+                    .map(|b| ((e * 1000 + c) as u64) << 16 | b)
+                    .collect();
+            }
+            index.apply(stream, &[event]);
+        }
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    let total = (engines * blocks) as u64;
+    let per_block = grown as f64 / total as f64;
+    eprintln!(
+        "kv index memory: {engines} engines x {blocks} blocks = {total} blocks ({} distinct): RSS +{:.0} MB, {per_block:.1} B/block; at 1,000 engines x 100k blocks: {:.1} GB",
+        index.distinct_blocks(),
+        grown as f64 / 1e6,
+        per_block * 1e8 / 1e9
+    );
+    black_box(index);
+}

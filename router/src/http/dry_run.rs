@@ -1,0 +1,65 @@
+//! `POST /debug/route`: the worker this replica would send a request to,
+//! without sending it, booking it or touching its caches' bookkeeping
+//! beyond what the policy's selection reads.
+//!
+//! Asked of every replica with the same body, it shows whether the
+//! replicas agree (the multi-replica promise of the fleet view and of
+//! `precise_prefix`'s shared index). An admin read: it reveals placement.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::state::AppState;
+use crate::error::ApiError;
+use crate::request;
+
+/// The answer: the chosen worker, and the policy that chose it.
+#[derive(Debug, Serialize)]
+pub struct DryRun {
+    /// The chosen worker's URL.
+    pub worker: String,
+    /// The policy's name.
+    pub policy: &'static str,
+    /// How many workers were candidates.
+    pub candidates: usize,
+}
+
+/// `POST /debug/route` with an inference request's JSON body.
+pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let info = match request::inspect(&body, app.policy.prompt_text_limit()) {
+        Ok(info) => info,
+        Err(e) => return ApiError::bad_request("invalid_body", e.to_string()).into_response(),
+    };
+    let serving = match app.registry.serving(info.model.as_deref()) {
+        Ok(serving) => serving,
+        Err(missing) => {
+            return ApiError::model_not_found(&missing.model, &missing.served).into_response();
+        }
+    };
+    let candidates: Vec<_> = serving
+        .iter()
+        .filter(|w| w.is_available())
+        .cloned()
+        .collect();
+    if candidates.is_empty() {
+        return ApiError::no_workers("no available worker").into_response();
+    }
+    let Some(chosen) = app
+        .policy
+        .select(&candidates, &info, app.fleet.as_ref())
+        .and_then(|i| candidates.get(i))
+    else {
+        return ApiError::no_workers("the policy selected no worker").into_response();
+    };
+    Json(DryRun {
+        worker: chosen.url().to_string(),
+        policy: app.policy.name(),
+        candidates: candidates.len(),
+    })
+    .into_response()
+}
