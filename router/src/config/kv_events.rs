@@ -22,6 +22,10 @@ pub struct KvEventsConfig {
     #[arg(long, env = "SHOAL_KV_EVENTS_REPLAY_PORT")]
     pub kv_events_replay_port: Option<u16>,
 
+    /// precise_prefix: one worker's event sockets, overriding the ports above for it: `WORKER_URL=tcp://HOST:PORT` or `WORKER_URL=tcp://HOST:PORT|tcp://HOST:REPLAY_PORT`; repeatable (several engines on one host).
+    #[arg(long, env = "SHOAL_KV_EVENTS_ENDPOINT", value_name = "URL=EVENTS[|REPLAY]", value_parser = parsers::kv_events_endpoint)]
+    pub kv_events_endpoint: Vec<(String, String, Option<String>)>,
+
     /// precise_prefix: data-parallel ranks behind each worker URL; rank r publishes on both ports + r (vLLM's offset).
     #[arg(long, env = "SHOAL_KV_EVENTS_DP_RANKS", default_value_t = defaults::KV_EVENTS_DP_RANKS, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub kv_events_dp_ranks: u32,
@@ -49,6 +53,11 @@ pub struct KvEventsConfig {
 }
 
 impl KvEventsConfig {
+    /// Whether any worker has an event source configured.
+    pub fn has_sources(&self) -> bool {
+        self.kv_events_port.is_some() || !self.kv_events_endpoint.is_empty()
+    }
+
     /// The tokenizer files by model (`None`: the one for every model).
     pub fn tokenizers(&self) -> Vec<(Option<String>, PathBuf)> {
         self.kv_tokenizer
@@ -67,6 +76,7 @@ impl Default for KvEventsConfig {
         Self {
             kv_events_port: None,
             kv_events_replay_port: None,
+            kv_events_endpoint: Vec::new(),
             kv_events_dp_ranks: defaults::KV_EVENTS_DP_RANKS,
             kv_block_size: defaults::KV_BLOCK_SIZE,
             kv_tokenizer: Vec::new(),

@@ -129,3 +129,26 @@ pub fn host_port(text: &str) -> Result<String, String> {
 pub fn is_dns_name(name: &str) -> bool {
     shoal_mesh::identity::valid_node_name(name)
 }
+
+/// `--kv-events-endpoint`: `WORKER_URL=tcp://HOST:PORT[|tcp://HOST:PORT]`,
+/// the worker URL normalised as `--worker-urls` are.
+pub fn kv_events_endpoint(text: &str) -> Result<(String, String, Option<String>), String> {
+    let (url, sockets) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not WORKER_URL=tcp://HOST:PORT[|tcp://HOST:PORT]"))?;
+    let url = worker_url(url)?;
+    let (events, replay) = match sockets.split_once('|') {
+        Some((events, replay)) => (events, Some(replay)),
+        None => (sockets, None),
+    };
+    for endpoint in std::iter::once(events).chain(replay) {
+        let port = endpoint
+            .strip_prefix("tcp://")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .map(|(host, port)| (host, port.parse::<u16>()));
+        if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+            return Err(format!("{endpoint:?} is not tcp://HOST:PORT"));
+        }
+    }
+    Ok((url, events.to_string(), replay.map(str::to_string)))
+}

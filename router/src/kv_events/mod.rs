@@ -90,6 +90,24 @@ impl KvEvents {
     /// Where `worker_url`'s engine ranks publish, from the port flags and
     /// the URL's host; empty when no events port is set.
     pub fn endpoints_for(&self, worker_url: &str) -> Vec<StreamEndpoints> {
+        if let Some((_, events, replay)) = self
+            .config
+            .kv_events_endpoint
+            .iter()
+            .find(|(url, _, _)| url == worker_url)
+        {
+            return (0..self.config.kv_events_dp_ranks)
+                .filter_map(|rank| {
+                    Some(StreamEndpoints {
+                        events: offset_port(events, rank)?,
+                        replay: match replay {
+                            Some(r) => Some(offset_port(r, rank)?),
+                            None => None,
+                        },
+                    })
+                })
+                .collect();
+        }
         let Some(port) = self.config.kv_events_port else {
             return Vec::new();
         };
@@ -149,7 +167,7 @@ impl KvEvents {
     /// Keeps one stream per registered worker rank, forever: new workers
     /// get streams, removed ones lose theirs (and their blocks).
     pub async fn run(self: Arc<Self>, registry: Arc<Registry>) {
-        if self.config.kv_events_port.is_none() {
+        if !self.config.has_sources() {
             return;
         }
         let mut running: HashMap<u64, Vec<(StreamId, tokio::task::JoinHandle<()>)>> =
@@ -215,6 +233,17 @@ fn record(worker: &str, outcome: subscriber::Outcome) {
         .increment(1);
 }
 
+/// `tcp://host:port` with the port moved up by `rank` (vLLM's offset of
+/// data-parallel ranks).
+fn offset_port(endpoint: &str, rank: u32) -> Option<String> {
+    let (base, port) = endpoint.rsplit_once(':')?;
+    let port = port
+        .parse::<u16>()
+        .ok()?
+        .checked_add(u16::try_from(rank).ok()?)?;
+    Some(format!("{base}:{port}"))
+}
+
 /// The host of an `http(s)://host:port/...` URL (brackets kept for IPv6).
 fn url_host(url: &str) -> Option<&str> {
     let rest = url.split_once("://")?.1;
@@ -253,6 +282,22 @@ mod tests {
         );
         assert_eq!(url_host("https://[::1]:8443"), Some("[::1]"));
         assert_eq!(url_host("nonsense"), None);
+        let one = KvEvents::new(KvEventsConfig {
+            kv_events_endpoint: vec![(
+                "http://127.0.0.1:8001".into(),
+                "tcp://127.0.0.1:7001".into(),
+                None,
+            )],
+            ..KvEventsConfig::default()
+        });
+        assert_eq!(
+            one.endpoints_for("http://127.0.0.1:8001"),
+            vec![StreamEndpoints {
+                events: "tcp://127.0.0.1:7001".into(),
+                replay: None,
+            }]
+        );
+        assert!(one.endpoints_for("http://127.0.0.1:8002").is_empty());
         let off = KvEvents::new(KvEventsConfig::default());
         assert!(off.endpoints_for("http://a:1").is_empty());
     }
