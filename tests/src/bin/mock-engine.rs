@@ -1,13 +1,21 @@
 //! `mock-engine`: runs one or more mock LLM engines in one process.
 //!
 //! Prints `mock-engine listening on http://HOST:PORT flavor=F` once per engine
-//! (in engine order) when all are listening, then serves until killed.
+//! (in engine order) when all are listening, each followed, when the engine
+//! publishes KV-cache events, by
+//! `mock-engine kv-events engine=http://HOST:PORT pub=tcp://IP:P replay=tcp://IP:R|none format=F block-size=N`,
+//! then serves until killed. Warnings (such as invalid replay requests) go
+//! to stderr; `RUST_LOG` tunes them.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use shoal_tests::mock::{EngineConfig, Flavor, spawn_engines};
+use shoal_tests::mock::{
+    DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, EngineConfig, Flavor, KvEventsFormat,
+    spawn_engines,
+};
 
 /// Mock continuous-batching LLM engine(s) speaking SGLang, vLLM or llama.cpp.
 #[derive(Debug, Parser)]
@@ -67,6 +75,31 @@ struct Cli {
     /// Recent per-request records kept for /stats.
     #[arg(long, default_value_t = 4_096)]
     stats_capacity: usize,
+    /// A Hugging Face tokenizer.json: the prefix cache then holds blocks of
+    /// --kv-block-size token ids of the prompt text instead of characters.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Tokens per prefix-cache block (with --tokenizer).
+    #[arg(long, default_value_t = DEFAULT_KV_BLOCK_SIZE)]
+    kv_block_size: usize,
+    /// Publish KV-cache events on a ZMQ PUB socket at tcp://HOST:PORT
+    /// (0 = a free port; engine i uses PORT + i). Needs --tokenizer.
+    #[arg(long)]
+    kv_events_port: Option<u16>,
+    /// Replay buffered event batches on a ZMQ ROUTER socket at this port
+    /// (0 = a free port; engine i uses PORT + i).
+    #[arg(long)]
+    kv_events_replay_port: Option<u16>,
+    /// Event encoding: vllm-map (vLLM >= 0.24), vllm-array (vLLM 0.10.2-0.13)
+    /// or sglang (SGLang >= 0.5.20).
+    #[arg(long, default_value_t = KvEventsFormat::default())]
+    kv_events_format: KvEventsFormat,
+    /// Published batches kept for replay.
+    #[arg(long, default_value_t = DEFAULT_KV_EVENTS_BUFFER_STEPS)]
+    kv_events_buffer_steps: usize,
+    /// Frame 0 (topic) of every event message.
+    #[arg(long, default_value = "")]
+    kv_events_topic: String,
 }
 
 impl Cli {
@@ -87,6 +120,13 @@ impl Cli {
             default_max_tokens: self.default_max_tokens,
             fail_rate: self.fail_rate,
             stats_capacity: self.stats_capacity,
+            tokenizer: self.tokenizer.clone(),
+            kv_block_size: self.kv_block_size,
+            kv_events_port: self.kv_events_port,
+            kv_events_replay_port: self.kv_events_replay_port,
+            kv_events_format: self.kv_events_format,
+            kv_events_buffer_steps: self.kv_events_buffer_steps,
+            kv_events_topic: self.kv_events_topic.clone(),
         }
     }
 }
@@ -94,6 +134,13 @@ impl Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     let cfg = cli.config();
     if let Err(e) = cfg.validate() {
         eprintln!("mock-engine: {e}");
@@ -112,6 +159,16 @@ async fn main() -> ExitCode {
     };
     for e in &engines {
         println!("mock-engine listening on {} flavor={}", e.url(), cli.flavor);
+        if let Some(kv) = e.kv_events() {
+            println!(
+                "mock-engine kv-events engine={} pub={} replay={} format={} block-size={}",
+                e.url(),
+                kv.endpoint,
+                kv.replay_endpoint.as_deref().unwrap_or("none"),
+                kv.format,
+                kv.block_size
+            );
+        }
     }
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;

@@ -1,7 +1,10 @@
 //! Engine configuration: the knobs of the engine model and their validation.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
+
+use super::kv_wire::KvEventsFormat;
 
 /// Which real engine's load endpoints the mock imitates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,7 +89,33 @@ pub struct EngineConfig {
     pub fail_rate: f64,
     /// Number of recent per-request timing records kept for `/stats`.
     pub stats_capacity: usize,
+    /// A Hugging Face `tokenizer.json` (`--tokenizer`): when set, the
+    /// prefix cache holds blocks of `kv_block_size` token ids instead of
+    /// `prefix_block_chars` characters (the timing model still counts
+    /// prompt tokens by the chars/4 rule).
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per prefix-cache block with a tokenizer (`--kv-block-size`).
+    pub kv_block_size: usize,
+    /// Port of the ZMQ PUB socket publishing KV-cache events
+    /// (`--kv-events-port`; 0 picks a free one; needs `tokenizer`).
+    pub kv_events_port: Option<u16>,
+    /// Port of the ZMQ ROUTER socket replaying buffered event batches
+    /// (`--kv-events-replay-port`; 0 picks a free one).
+    pub kv_events_replay_port: Option<u16>,
+    /// Wire encoding of the events (`--kv-events-format`).
+    pub kv_events_format: KvEventsFormat,
+    /// Published batches kept for replay (`--kv-events-buffer-steps`).
+    pub kv_events_buffer_steps: usize,
+    /// Frame 0 of every event message (`--kv-events-topic`).
+    pub kv_events_topic: String,
 }
+
+/// Tokens per KV block unless told otherwise: vLLM's default `--block-size`.
+pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
+
+/// Event batches kept for replay unless told otherwise: vLLM's default
+/// `buffer_steps`.
+pub const DEFAULT_KV_EVENTS_BUFFER_STEPS: usize = 10_000;
 
 /// The model a mock engine serves unless told otherwise: what clients of
 /// the tests, benchmarks and demo ask for, so model routing finds it.
@@ -110,6 +139,13 @@ impl Default for EngineConfig {
             default_max_tokens: 128,
             fail_rate: 0.0,
             stats_capacity: 4_096,
+            tokenizer: None,
+            kv_block_size: DEFAULT_KV_BLOCK_SIZE,
+            kv_events_port: None,
+            kv_events_replay_port: None,
+            kv_events_format: KvEventsFormat::default(),
+            kv_events_buffer_steps: DEFAULT_KV_EVENTS_BUFFER_STEPS,
+            kv_events_topic: String::new(),
         }
     }
 }
@@ -189,6 +225,33 @@ impl EngineConfig {
         if self.model_name.is_empty() {
             return Err(ConfigError("--model-name must not be empty".to_string()));
         }
+        self.validate_kv_events()
+    }
+
+    fn validate_kv_events(&self) -> Result<(), ConfigError> {
+        at_least_one("--kv-block-size", self.kv_block_size as u64)?;
+        at_least_one(
+            "--kv-events-buffer-steps",
+            self.kv_events_buffer_steps as u64,
+        )?;
+        if self.kv_events_port.is_some() && self.tokenizer.is_none() {
+            return Err(ConfigError(
+                "--kv-events-port needs --tokenizer (events carry token ids)".to_string(),
+            ));
+        }
+        if self.kv_events_replay_port.is_some() && self.kv_events_port.is_none() {
+            return Err(ConfigError(
+                "--kv-events-replay-port needs --kv-events-port".to_string(),
+            ));
+        }
+        if let (Some(p), Some(r)) = (self.kv_events_port, self.kv_events_replay_port)
+            && p == r
+            && p != 0
+        {
+            return Err(ConfigError(format!(
+                "--kv-events-replay-port must differ from --kv-events-port (both {p})"
+            )));
+        }
         Ok(())
     }
 
@@ -230,5 +293,36 @@ mod tests {
         let err = cfg.validate().err().map(|e| e.0).unwrap_or_default();
         assert!(err.contains("--fail-rate"), "{err}");
         assert!(EngineConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn kv_events_flags_are_checked_together() {
+        let err = |cfg: EngineConfig| cfg.validate().err().map(|e| e.0).unwrap_or_default();
+        let events = EngineConfig {
+            kv_events_port: Some(0),
+            ..EngineConfig::default()
+        };
+        assert!(err(events.clone()).contains("needs --tokenizer"));
+        let events = EngineConfig {
+            tokenizer: Some("tok.json".into()),
+            ..events
+        };
+        assert!(events.validate().is_ok());
+        let same = EngineConfig {
+            kv_events_port: Some(5557),
+            kv_events_replay_port: Some(5557),
+            ..events.clone()
+        };
+        assert!(err(same).contains("--kv-events-replay-port"));
+        let replay_only = EngineConfig {
+            kv_events_replay_port: Some(0),
+            ..EngineConfig::default()
+        };
+        assert!(err(replay_only).contains("needs --kv-events-port"));
+        let zero = EngineConfig {
+            kv_block_size: 0,
+            ..events
+        };
+        assert!(err(zero).contains("--kv-block-size"));
     }
 }

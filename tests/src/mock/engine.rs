@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::config::EngineConfig;
+use super::kv_events::{KvEventsInfo, KvLink, KvStatsView};
 use super::model::{Event, Model, Submission};
 use super::snapshot::{ModelSnapshot, RequestRecord};
+use super::tokens::{Blocker, PromptBlocks};
 
 /// A fault an engine can be switched into with `POST /mock/fault`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -60,14 +62,18 @@ pub struct Engine {
     load_polls: AtomicU64,
     started_unix: f64,
     dead: watch::Sender<bool>,
+    blocker: Blocker,
+    kv: Option<KvLink>,
 }
 
 impl Engine {
-    pub(crate) fn new(cfg: EngineConfig) -> Arc<Self> {
+    pub(crate) fn new(cfg: EngineConfig, blocker: Blocker, kv: Option<KvLink>) -> Arc<Self> {
         let cfg = Arc::new(cfg);
         let (dead, _) = watch::channel(false);
         Arc::new(Self {
-            model: Mutex::new(Model::new(cfg.clone(), Instant::now())),
+            model: Mutex::new(Model::new(cfg.clone(), blocker.clone(), Instant::now())),
+            blocker,
+            kv,
             cfg,
             wake: Notify::new(),
             fault: AtomicU8::new(0),
@@ -83,6 +89,42 @@ impl Engine {
 
     fn model(&self) -> MutexGuard<'_, Model> {
         self.model.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands the model's recorded KV-event batches to the publisher, under
+    /// the model lock so batches keep their order.
+    fn flush_kv(&self, model: &mut Model) {
+        let batches = model.take_kv_batches();
+        if let Some(kv) = &self.kv {
+            for batch in batches {
+                // Closed only once the engine stopped: nothing to publish to.
+                let _ = kv.tx.send(batch);
+            }
+        }
+    }
+
+    /// Where this engine publishes KV-cache events, if it does.
+    pub fn kv_events(&self) -> Option<&KvEventsInfo> {
+        self.kv.as_ref().map(|kv| &kv.info)
+    }
+
+    /// The KV-event publisher's counters, if it publishes.
+    pub fn kv_stats(&self) -> Option<KvStatsView> {
+        self.kv.as_ref().map(|kv| kv.stats.view())
+    }
+
+    /// Cuts a prompt into prefix-cache blocks (characters or tokens).
+    pub fn prompt_blocks(&self, text: &str) -> Result<PromptBlocks, String> {
+        self.blocker.blocks(text)
+    }
+
+    /// Empties the prefix cache (`POST /reset_prefix_cache`), publishing
+    /// `AllBlocksCleared`; returns the number of blocks dropped.
+    pub fn reset_prefix_cache(&self) -> usize {
+        let mut model = self.model();
+        let n = model.reset_prefix_cache();
+        self.flush_kv(&mut model);
+        n
     }
 
     /// The engine's configuration.
@@ -157,7 +199,7 @@ impl Engine {
         client_id: Option<String>,
         prompt_tokens: u64,
         max_tokens: u64,
-        block_hashes: Vec<u64>,
+        blocks: PromptBlocks,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.model().submit(Submission {
@@ -165,7 +207,7 @@ impl Engine {
             client_id,
             prompt_tokens,
             max_tokens,
-            block_hashes,
+            blocks,
             arrival: Instant::now(),
             events: tx,
         });
@@ -177,7 +219,12 @@ impl Engine {
     /// next step ends or, when idle, until a request arrives. Never spins.
     pub(crate) async fn run_scheduler(self: Arc<Self>) {
         loop {
-            let next = self.model().advance(Instant::now());
+            let next = {
+                let mut model = self.model();
+                let next = model.advance(Instant::now());
+                self.flush_kv(&mut model);
+                next
+            };
             match next {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
                 None => self.wake.notified().await,

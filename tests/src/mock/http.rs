@@ -1,5 +1,6 @@
 //! The HTTP surface of one engine: routes per flavor, fault middleware,
-//! load endpoints, `/stats` and the `/mock/fault` admin route.
+//! load endpoints, `POST /reset_prefix_cache`, `/stats` and the
+//! `/mock/fault` admin route.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/responses", post(openai::responses))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(models))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/health", get(health));
     data = match engine.config().flavor {
         Flavor::Sglang => data
@@ -169,6 +171,13 @@ async fn llamacpp_slots(State(engine): State<Arc<Engine>>) -> Response {
     json_ok(formats::llamacpp_slots(&engine.snapshot()))
 }
 
+/// `POST /reset_prefix_cache`: empties the prefix cache and publishes
+/// `AllBlocksCleared`, answering 200 with an empty body like vLLM.
+async fn reset_prefix_cache(State(engine): State<Arc<Engine>>) -> Response {
+    engine.reset_prefix_cache();
+    StatusCode::OK.into_response()
+}
+
 #[derive(Deserialize)]
 struct StatsQuery {
     since: Option<u64>,
@@ -186,6 +195,8 @@ async fn stats(State(engine): State<Arc<Engine>>, Query(q): Query<StatsQuery>) -
         "time_scale": cfg.time_scale,
         "load_polls": engine.load_polls(),
         "snapshot": engine.snapshot(),
+        "kv_events": engine.kv_events(),
+        "kv_events_stats": engine.kv_stats(),
         "recent": engine.records_since(q.since.unwrap_or(0)),
     });
     json_ok(body.to_string())

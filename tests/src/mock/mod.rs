@@ -24,28 +24,43 @@
 //!   holds its prompt; its KV grows by one token per output token and is freed
 //!   when it finishes or its client disconnects; overflow preempts the newest;
 //! - the prefix cache is an LRU of chained hashes of 64-character blocks, so a
-//!   repeated prefix skips its prefill.
+//!   repeated prefix skips its prefill; with a tokenizer (`--tokenizer`) the
+//!   blocks are `--kv-block-size` token ids instead, and the cached share of
+//!   the tokenized prompt is the cached share of its prompt tokens;
+//! - with `--kv-events-port` the engine publishes its cache changes as
+//!   vLLM/SGLang KV-cache events over ZMQ, with an optional replay socket
+//!   (`kv_events`).
 //!
 //! Besides the engine routes every engine serves `GET /stats[?since=SEQ]`
-//! (snapshot, counters, `load_polls` — hits on the load endpoints — and
-//! recent per-request timing) and
+//! (snapshot, counters, `load_polls` — hits on the load endpoints —, the
+//! KV-event endpoints and counters, and recent per-request timing),
+//! `POST /reset_prefix_cache` (vLLM's) and
 //! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`.
 
 mod config;
 mod engine;
 mod formats;
 mod http;
+mod kv_events;
+mod kv_wire;
 mod model;
 mod openai;
 mod prefix_cache;
 mod requests;
 mod server;
 mod snapshot;
+mod tokens;
 
-pub use config::{ConfigError, DEFAULT_MODEL, EngineConfig, Flavor};
+pub use config::{
+    ConfigError, DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, DEFAULT_MODEL,
+    EngineConfig, Flavor,
+};
 pub use engine::{Engine, FaultMode};
 pub use formats::{c_g6, iso_timestamp, prom_float};
-pub use prefix_cache::{PrefixCache, block_hashes};
+pub use kv_events::{KvEventsInfo, KvStats, KvStatsView, REPLAY_END_SEQ, parse_replay_request};
+pub use kv_wire::{KvEvent, KvEventsFormat, encode_batch, event_value};
+pub use prefix_cache::{CacheChanges, PrefixCache, block_hashes};
 pub use requests::{ApiKind, ParsedRequest, TOKEN_TEXT, parse_request, prompt_tokens_for};
 pub use server::{EngineHandle, spawn_engine, spawn_engine_on, spawn_engines};
 pub use snapshot::{BusySlot, Counters, ModelSnapshot, RequestRecord, Timing};
+pub use tokens::{Blocker, PromptBlocks, load_tokenizer, token_block_hash, token_block_hashes};

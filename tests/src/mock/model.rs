@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::config::EngineConfig;
-use super::prefix_cache::PrefixCache;
+use super::kv_wire::KvEvent;
+use super::prefix_cache::{CacheChanges, PrefixCache};
 use super::snapshot::{BusySlot, Counters, ModelSnapshot, RequestRecord, Timing};
+use super::tokens::{Blocker, PromptBlocks};
 
 /// Steps chain on the model clock while the scheduler wakes at most this late.
 const CATCH_UP: Duration = Duration::from_millis(50);
@@ -45,7 +47,7 @@ pub(crate) struct Submission {
     pub client_id: Option<String>,
     pub prompt_tokens: u64,
     pub max_tokens: u64,
-    pub block_hashes: Vec<u64>,
+    pub blocks: PromptBlocks,
     pub arrival: Instant,
     pub events: UnboundedSender<Event>,
 }
@@ -82,6 +84,12 @@ pub(crate) struct Model {
     running: Vec<Req>,
     kv_used: u64,
     prefix: PrefixCache,
+    blocker: Blocker,
+    /// Whether cache changes are recorded as KV events (`--kv-events-port`).
+    kv_events: bool,
+    /// One batch of KV events per step (or reset) that changed the cache,
+    /// waiting to be published.
+    kv_pending: Vec<Vec<KvEvent>>,
     free_slots: BTreeSet<usize>,
     step_end: Option<Instant>,
     last_step_end: Option<Instant>,
@@ -95,11 +103,13 @@ pub(crate) struct Model {
 }
 
 impl Model {
-    pub(crate) fn new(cfg: Arc<EngineConfig>, now: Instant) -> Self {
-        let block_tokens = (cfg.prefix_block_chars as u64 / 4).max(1);
-        let cap_blocks = (cfg.prefix_cache_tokens / block_tokens) as usize;
+    pub(crate) fn new(cfg: Arc<EngineConfig>, blocker: Blocker, now: Instant) -> Self {
+        let cap_blocks = (cfg.prefix_cache_tokens / blocker.block_tokens()) as usize;
         Self {
             prefix: PrefixCache::new(cap_blocks),
+            kv_events: cfg.kv_events_port.is_some() && blocker.token_block_size().is_some(),
+            blocker,
+            kv_pending: Vec::new(),
             free_slots: (0..cfg.max_running).collect(),
             started: now,
             waiting: VecDeque::new(),
@@ -118,10 +128,50 @@ impl Model {
         }
     }
 
-    /// Cached tokens for a prefix of `blocks` matched blocks; at least one
-    /// prompt token is always prefilled.
-    fn cached_tokens(&self, blocks: usize, prompt_tokens: u64) -> u64 {
-        ((blocks * self.cfg.prefix_block_chars) as u64 / 4).min(prompt_tokens.saturating_sub(1))
+    /// Cached prompt tokens of `sub` for a prefix of `blocks` matched
+    /// blocks; at least one prompt token is always prefilled.
+    fn cached_tokens(&self, blocks: usize, sub: &Submission) -> u64 {
+        self.blocker
+            .cached_tokens(blocks, &sub.blocks, sub.prompt_tokens)
+    }
+
+    /// Empties the prefix cache (`POST /reset_prefix_cache`), reporting
+    /// `AllBlocksCleared`; returns how many blocks were dropped.
+    pub(crate) fn reset_prefix_cache(&mut self) -> usize {
+        let n = self.prefix.clear();
+        if self.kv_events {
+            self.kv_pending.push(vec![KvEvent::Cleared]);
+        }
+        self.version += 1;
+        n
+    }
+
+    /// The KV-event batches recorded since the last call, oldest first.
+    pub(crate) fn take_kv_batches(&mut self) -> Vec<Vec<KvEvent>> {
+        std::mem::take(&mut self.kv_pending)
+    }
+
+    /// Inserts a prefilled prompt's blocks; with KV events on, appends what
+    /// changed to `events` the way vLLM reports it: evictions first (made
+    /// while allocating), one hash per `BlockRemoved`, then one
+    /// `BlockStored` per run of new blocks.
+    fn cache_prompt(&mut self, blocks: &PromptBlocks, events: &mut Vec<KvEvent>) {
+        let CacheChanges { stored, evicted } = self.prefix.insert(&blocks.hashes);
+        let Some(size) = self.blocker.token_block_size().filter(|_| self.kv_events) else {
+            return;
+        };
+        events.extend(evicted.into_iter().map(|h| KvEvent::Removed {
+            block_hashes: vec![h],
+        }));
+        for run in stored {
+            let tokens = blocks.token_ids.get(run.start * size..run.end * size);
+            events.push(KvEvent::Stored {
+                block_hashes: blocks.hashes[run.clone()].to_vec(),
+                parent_block_hash: run.start.checked_sub(1).map(|i| blocks.hashes[i]),
+                token_ids: tokens.map(<[u32]>::to_vec).unwrap_or_default(),
+                block_size: u32::try_from(size).unwrap_or(u32::MAX),
+            });
+        }
     }
 
     /// Queues a request.
@@ -218,8 +268,8 @@ impl Model {
             let Some(mut r) = self.waiting.pop_front() else {
                 break;
             };
-            let blocks = self.prefix.lookup(&r.sub.block_hashes);
-            let cached = self.cached_tokens(blocks, r.sub.prompt_tokens);
+            let blocks = self.prefix.lookup(&r.sub.blocks.hashes);
+            let cached = self.cached_tokens(blocks, &r.sub);
             if r.first_cached.is_none() {
                 r.first_cached = Some(cached);
                 self.counters.prompt_tokens_total += r.sub.prompt_tokens;
@@ -283,6 +333,7 @@ impl Model {
         c.step_seconds_total += self.step_wall_secs;
         c.prefill_seconds_total += self.step_prefill_secs;
         let mut tokens = 0u64;
+        let mut events = Vec::new();
         let mut finished = Vec::new();
         let mut kept = Vec::with_capacity(self.running.len());
         for mut r in std::mem::take(&mut self.running) {
@@ -290,7 +341,7 @@ impl Model {
                 r.prefill_done += r.step_prefill;
                 self.counters.prefill_tokens_total += r.step_prefill;
                 if r.prefill_done == r.prefill_needed {
-                    self.prefix.insert(&r.sub.block_hashes);
+                    self.cache_prompt(&r.sub.blocks, &mut events);
                 }
             }
             r.step_prefill = 0;
@@ -318,6 +369,9 @@ impl Model {
             kept.push(r);
         }
         self.running = kept;
+        if !events.is_empty() {
+            self.kv_pending.push(events);
+        }
         self.counters.generation_tokens_total += tokens;
         self.counters.generation_seconds_total += self.step_wall_secs * tokens as f64;
         self.record_tokens(now, tokens);
@@ -401,9 +455,9 @@ impl Model {
         let mut waiting_tokens = 0;
         let mut waiting_uncached = 0;
         for r in &self.waiting {
-            let blocks = self.prefix.peek(&r.sub.block_hashes);
+            let blocks = self.prefix.peek(&r.sub.blocks.hashes);
             waiting_tokens += r.kv_tokens();
-            waiting_uncached += r.kv_tokens() - self.cached_tokens(blocks, r.sub.prompt_tokens);
+            waiting_uncached += r.kv_tokens() - self.cached_tokens(blocks, &r.sub);
         }
         let mut slots = vec![None; self.cfg.max_running];
         for r in &self.running {
@@ -424,7 +478,7 @@ impl Model {
         } else {
             c.cached_prompt_tokens_total as f64 / c.prompt_tokens_total as f64
         };
-        let block_tokens = self.cfg.prefix_block_chars as u64 / 4;
+        let block_tokens = self.blocker.block_tokens();
         ModelSnapshot {
             version: self.version,
             uptime_secs: now.saturating_duration_since(self.started).as_secs_f64(),

@@ -15,7 +15,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::engine::Engine;
 use super::model::Event;
-use super::prefix_cache::block_hashes;
 use super::requests::{ApiKind, ParsedRequest, TOKEN_TEXT, parse_request};
 use super::snapshot::Timing;
 
@@ -134,13 +133,24 @@ async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Byt
             "context_length_exceeded",
         );
     }
-    let hashes = block_hashes(&req.prompt_text, cfg.prefix_block_chars);
+    let blocks = match engine.prompt_blocks(&req.prompt_text) {
+        Ok(b) => b,
+        Err(msg) => {
+            engine.count_rejected();
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &msg,
+                "invalid_request_error",
+                "invalid_prompt",
+            );
+        }
+    };
     let id = engine.next_request_id();
     let client_id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let rx = engine.submit(id, client_id, req.prompt_tokens, req.max_tokens, hashes);
+    let rx = engine.submit(id, client_id, req.prompt_tokens, req.max_tokens, blocks);
     let frames = Frames::new(&req, id, &cfg.model_name);
     if req.stream {
         stream_response(rx, frames, id)

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::ops::Range;
 
 /// Chained hashes of the full `block_chars`-character blocks of `text`.
 pub fn block_hashes(text: &str, block_chars: usize) -> Vec<u64> {
@@ -31,6 +32,16 @@ pub fn block_hashes(text: &str, block_chars: usize) -> Vec<u64> {
         }
     }
     out
+}
+
+/// What one [`PrefixCache::insert`] changed: what a real engine reports
+/// as KV-cache events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheChanges {
+    /// Runs of newly cached blocks, as index ranges into the inserted chain.
+    pub stored: Vec<Range<usize>>,
+    /// Hashes of the blocks evicted to make room, oldest first.
+    pub evicted: Vec<u64>,
 }
 
 /// An LRU set of block hashes with a capacity in blocks.
@@ -76,12 +87,28 @@ impl PrefixCache {
         n
     }
 
-    /// Inserts (or refreshes) every block of `hashes`, evicting as needed.
-    pub fn insert(&mut self, hashes: &[u64]) {
+    /// Inserts (or refreshes) every block of `hashes`, evicting as needed;
+    /// returns which blocks were new and which were evicted.
+    pub fn insert(&mut self, hashes: &[u64]) -> CacheChanges {
+        let mut changes = CacheChanges::default();
         if self.capacity_blocks == 0 {
-            return;
+            return changes;
         }
         let keep = hashes.len().min(self.capacity_blocks);
+        let mut run: Option<usize> = None;
+        for (i, h) in hashes[..keep].iter().enumerate() {
+            match (self.last_use.contains_key(h), run) {
+                (false, None) => run = Some(i),
+                (true, Some(start)) => {
+                    changes.stored.push(start..i);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(start) = run {
+            changes.stored.push(start..keep);
+        }
         self.touch(&hashes[..keep]);
         while self.last_use.len() > self.capacity_blocks {
             let Some((&tick, &hash)) = self.by_tick.iter().next() else {
@@ -89,7 +116,17 @@ impl PrefixCache {
             };
             self.by_tick.remove(&tick);
             self.last_use.remove(&hash);
+            changes.evicted.push(hash);
         }
+        changes
+    }
+
+    /// Drops every block; returns how many there were.
+    pub fn clear(&mut self) -> usize {
+        let n = self.last_use.len();
+        self.last_use.clear();
+        self.by_tick.clear();
+        n
     }
 
     fn touch(&mut self, hashes: &[u64]) {
@@ -126,11 +163,36 @@ mod tests {
         let a = block_hashes("aaaabbbbcccc", 4);
         let b = block_hashes("zzzzyyyy", 4);
         let mut cache = PrefixCache::new(4);
-        cache.insert(&a);
-        cache.insert(&b);
+        assert_eq!(cache.insert(&a).stored, vec![0..3]);
+        let changes = cache.insert(&b);
+        assert_eq!(changes.stored, vec![0..2]);
+        assert_eq!(changes.evicted, vec![a[2]]);
         assert_eq!(cache.len(), 4);
         // a's deepest block went first; its first two blocks still match.
         assert_eq!(cache.peek(&a), 2);
         assert_eq!(cache.peek(&b), 2);
+    }
+
+    #[test]
+    fn reports_only_new_runs_and_clears() {
+        let a = block_hashes("aaaabbbbcccc", 4);
+        let mut cache = PrefixCache::new(8);
+        // Only the middle block resident: two runs of new blocks around it.
+        cache.insert(&a[1..2]);
+        let changes = cache.insert(&a);
+        assert_eq!(
+            changes,
+            CacheChanges {
+                stored: vec![0..1, 2..3],
+                evicted: vec![]
+            }
+        );
+        assert!(
+            cache.insert(&a).stored.is_empty(),
+            "refreshing stores nothing"
+        );
+        assert_eq!(cache.clear(), 3);
+        assert_eq!(cache.peek(&a), 0);
+        assert_eq!(PrefixCache::new(0).insert(&a), CacheChanges::default());
     }
 }

@@ -12,7 +12,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::config::EngineConfig;
 use super::engine::{Engine, FaultMode};
 use super::http::router;
+use super::kv_events::{KvEventsInfo, bind_sockets};
 use super::snapshot::ModelSnapshot;
+use super::tokens::{Blocker, load_tokenizer};
 
 /// A running engine. Dropping the handle stops the engine.
 #[derive(Debug)]
@@ -31,6 +33,11 @@ impl EngineHandle {
     /// `http://ADDR`, without a trailing slash.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Where the engine publishes KV-cache events (`--kv-events-port`).
+    pub fn kv_events(&self) -> Option<&KvEventsInfo> {
+        self.engine.kv_events()
     }
 
     /// The engine's shared state.
@@ -87,14 +94,40 @@ pub async fn spawn_engine(config: EngineConfig, addr: SocketAddr) -> io::Result<
     spawn_engine_on(config, listener).await
 }
 
-/// Like [`spawn_engine`] on an already bound listener.
+/// Like [`spawn_engine`] on an already bound listener. KV-event sockets,
+/// if configured, are bound on the listener's IP address.
 pub async fn spawn_engine_on(
     config: EngineConfig,
     listener: TcpListener,
 ) -> io::Result<EngineHandle> {
     config.validate().map_err(invalid)?;
+    let blocker = blocker_for(&config)?;
+    start(config, listener, blocker).await
+}
+
+/// How `config` cuts prompts into blocks, loading its tokenizer if any.
+fn blocker_for(config: &EngineConfig) -> io::Result<Blocker> {
+    Ok(match &config.tokenizer {
+        None => Blocker::Chars(config.prefix_block_chars),
+        Some(path) => Blocker::Tokens {
+            tokenizer: load_tokenizer(path).map_err(invalid)?,
+            block_size: config.kv_block_size,
+        },
+    })
+}
+
+async fn start(
+    config: EngineConfig,
+    listener: TcpListener,
+    blocker: Blocker,
+) -> io::Result<EngineHandle> {
     let addr = listener.local_addr()?;
-    let engine = Engine::new(config);
+    let kv = bind_sockets(&config, addr.ip(), config.kv_block_size).await?;
+    let (link, sockets) = kv.unzip();
+    let engine = Engine::new(config, blocker, link);
+    if let Some(sockets) = sockets {
+        sockets.spawn(engine.dead_watch());
+    }
     let server = tokio::spawn(serve(engine.clone(), listener));
     Ok(EngineHandle {
         addr,
@@ -103,29 +136,40 @@ pub async fn spawn_engine_on(
     })
 }
 
+/// Port `base + i` for engine `i` of `n`, or 0 (ephemeral) when `base` is 0.
+fn nth_port(flag: &str, base: u16, i: usize, n: usize) -> io::Result<u16> {
+    if base == 0 {
+        return Ok(0);
+    }
+    u16::try_from(i)
+        .ok()
+        .and_then(|i| base.checked_add(i))
+        .ok_or_else(|| invalid(format!("{flag} {base} + {n} engines exceeds 65535")))
+}
+
 /// Starts `n` engines with the same configuration on `host`: engine `i` on
 /// `base_port + i`, or each on an ephemeral port when `base_port` is 0.
+/// KV-event ports are offset the same way (one tokenizer load for all).
 pub async fn spawn_engines(
     config: &EngineConfig,
     host: IpAddr,
     base_port: u16,
     n: usize,
 ) -> io::Result<Vec<EngineHandle>> {
+    config.validate().map_err(invalid)?;
+    let blocker = blocker_for(config)?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let port = if base_port == 0 {
-            0
-        } else {
-            u16::try_from(i)
-                .ok()
-                .and_then(|i| base_port.checked_add(i))
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "--base-port {base_port} + {n} engines exceeds 65535"
-                    ))
-                })?
-        };
-        out.push(spawn_engine(config.clone(), SocketAddr::new(host, port)).await?);
+        let port = nth_port("--base-port", base_port, i, n)?;
+        let mut cfg = config.clone();
+        if let Some(p) = config.kv_events_port {
+            cfg.kv_events_port = Some(nth_port("--kv-events-port", p, i, n)?);
+        }
+        if let Some(p) = config.kv_events_replay_port {
+            cfg.kv_events_replay_port = Some(nth_port("--kv-events-replay-port", p, i, n)?);
+        }
+        let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
+        out.push(start(cfg, listener, blocker.clone()).await?);
     }
     Ok(out)
 }
