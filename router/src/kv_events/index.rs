@@ -279,6 +279,12 @@ impl KvIndex {
                 break;
             }
             let holders = self.holders.get(block).map_or(&[][..], Vec::as_slice);
+            if holders == alive.as_slice() {
+                // The common case down a shared prefix: everyone still
+                // matches (one slice compare instead of a search each).
+                depth += 1;
+                continue;
+            }
             alive.retain(|s| {
                 let still = holders.binary_search(s).is_ok();
                 if !still {
