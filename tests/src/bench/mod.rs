@@ -18,6 +18,7 @@ pub mod plot;
 pub mod pooled;
 pub mod report;
 pub mod summary;
+pub mod trace;
 pub mod workload;
 
 use std::net::{IpAddr, Ipv4Addr};
