@@ -178,7 +178,7 @@ pub async fn run_scenario(
         engine_flavor: spec.flavor.as_str().to_string(),
         seed: schedule.seed,
         label: spec.label.clone(),
-        workload: schedule.kind.as_str().to_string(),
+        workload: schedule.workload.clone(),
         replicas: spec.replicas,
         mesh: spec.mesh,
     };

@@ -18,6 +18,8 @@
 //! a [`Schedule`](super::workload::Schedule) and [`report`] prints its table.
 
 pub mod generate;
+pub mod plan;
+pub mod replay;
 pub mod text;
 
 use std::fmt;
