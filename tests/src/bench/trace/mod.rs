@@ -20,6 +20,7 @@
 pub mod generate;
 pub mod plan;
 pub mod replay;
+pub mod report;
 pub mod text;
 
 use std::fmt;
