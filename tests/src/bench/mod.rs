@@ -18,6 +18,7 @@ pub mod plot;
 pub mod pooled;
 pub mod report;
 pub mod summary;
+pub mod trace;
 pub mod workload;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -177,7 +178,7 @@ pub async fn run_scenario(
         engine_flavor: spec.flavor.as_str().to_string(),
         seed: schedule.seed,
         label: spec.label.clone(),
-        workload: schedule.kind.as_str().to_string(),
+        workload: schedule.workload.clone(),
         replicas: spec.replicas,
         mesh: spec.mesh,
     };

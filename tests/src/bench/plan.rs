@@ -129,20 +129,47 @@ impl Choice {
     /// Its three scenarios: one replica (oracle), `replicas` without and
     /// with the mesh.
     pub fn scenarios(self, replicas: usize) -> [ScenarioSpec; 3] {
-        [
-            ("oracle", 1, false),
-            ("no-mesh", replicas, false),
-            ("mesh", replicas, true),
-        ]
-        .map(|(label, replicas, mesh)| ScenarioSpec {
-            group: self.name().to_string(),
-            policy: self.policy().to_string(),
-            flavor: self.flavor(),
-            label: label.to_string(),
-            replicas,
-            mesh,
-        })
+        scenarios(self.name(), self.policy(), self.flavor(), replicas)
     }
+}
+
+/// The three scenarios of `policy` on `flavor` engines, named `group`: one
+/// replica (oracle), `replicas` without and with the mesh.
+pub fn scenarios(group: &str, policy: &str, flavor: Flavor, replicas: usize) -> [ScenarioSpec; 3] {
+    [
+        ("oracle", 1, false),
+        ("no-mesh", replicas, false),
+        ("mesh", replicas, true),
+    ]
+    .map(|(label, replicas, mesh)| ScenarioSpec {
+        group: group.to_string(),
+        policy: policy.to_string(),
+        flavor,
+        label: label.to_string(),
+        replicas,
+        mesh,
+    })
+}
+
+/// Parses the `--policies` of a trace replay: plain `shoal --policy`
+/// names (the trace is the workload), repeats dropped.
+pub fn parse_trace_policies(names: &[String]) -> Result<Vec<&'static str>, String> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        let p = POLICIES.iter().find(|p| **p == n).ok_or_else(|| {
+            format!(
+                "unknown policy {n:?} for a trace replay (expected one of {})",
+                POLICIES.join(", ")
+            )
+        })?;
+        if !out.contains(p) {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        return Err("--policies names no policy".into());
+    }
+    Ok(out)
 }
 
 /// Parses every `--policies` entry, dropping repeats (first one wins).
@@ -206,6 +233,20 @@ mod tests {
             }
         }
         assert!(Choice::parse("least_load@nowhere").is_err());
+    }
+
+    #[test]
+    fn trace_policies_are_plain_policy_names() {
+        let names: Vec<String> = ["prefix_affinity", " cache_aware", "prefix_affinity"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            parse_trace_policies(&names).unwrap(),
+            ["prefix_affinity", "cache_aware"]
+        );
+        let e = parse_trace_policies(&["least_load_vllm".to_string()]).unwrap_err();
+        assert!(e.contains("for a trace replay"), "{e}");
+        assert!(parse_trace_policies(&[" ".to_string()]).is_err());
     }
 
     #[test]

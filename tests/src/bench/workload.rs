@@ -4,6 +4,7 @@
 //! Every scenario of one run replays the same [`Arrival`] list (same seed),
 //! so the only thing that differs between scenarios is the routing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -11,8 +12,14 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
+use super::trace::text::BlockText;
 use crate::mock::EngineConfig;
 use crate::workload::text;
+
+/// Prompt characters per token: the mock engines count `ceil(chars / 4)`
+/// tokens ([`crate::mock::prompt_tokens_for`]), so a prompt meant to be `n`
+/// tokens is `CHARS_PER_TOKEN × n` characters.
+pub const CHARS_PER_TOKEN: usize = 4;
 
 /// Which traffic a scenario sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -57,27 +64,34 @@ pub struct Arrival {
     pub at: Duration,
     /// Shared prefix group (shared-prefix workload only).
     pub group: Option<usize>,
+    /// Prefix block ids (trace replays only; [`Schedule::blocks`] says how
+    /// long a block is).
+    pub blocks: Option<Arc<[u64]>>,
     /// Seed of the request's unique text.
     pub seed: u64,
-    /// Prompt tokens (the ceil(chars / 4) rule; the prompt is 4 × this chars).
+    /// Prompt tokens (the ceil(chars / 4) rule; the prompt is
+    /// [`CHARS_PER_TOKEN`] × this chars).
     pub prompt_tokens: u64,
     /// Output tokens asked for (`max_tokens`).
     pub max_tokens: u64,
 }
 
-/// A generated schedule and the prefix texts it refers to.
+/// A generated or replayed schedule and the prefix texts it refers to.
 #[derive(Debug, Clone)]
 pub struct Schedule {
-    /// Workload kind.
-    pub kind: WorkloadKind,
+    /// Workload name in tables and JSON ([`WorkloadKind::as_str`], or
+    /// `trace:<name>` for a replayed trace).
+    pub workload: String,
     /// Offered rate, requests per wall second.
     pub rate: f64,
     /// The seed it was generated from (results are grouped by it).
     pub seed: u64,
     /// The requests in arrival order.
     pub arrivals: Vec<Arrival>,
-    /// Shared prefixes (empty for the size-skewed workload).
+    /// Shared prefixes (empty for the size-skewed workload and traces).
     pub prefixes: Vec<String>,
+    /// Block text of a trace replay (`None` for generated workloads).
+    pub blocks: Option<BlockText>,
 }
 
 impl Schedule {
@@ -103,8 +117,8 @@ impl Schedule {
                         PREFIX_TOKENS.0
                     };
                     let tokens = jitter(&mut rng, base, 0.1);
-                    // 4 characters per token; a seed space disjoint from requests.
-                    text(u64::MAX - g as u64, 4 * tokens as usize)
+                    // A seed space disjoint from requests.
+                    text(u64::MAX - g as u64, CHARS_PER_TOKEN * tokens as usize)
                 })
                 .collect(),
         };
@@ -130,38 +144,46 @@ impl Schedule {
                 WorkloadKind::SharedPrefix => {
                     let g = rng.random_range(0..groups);
                     let suffix = rng.random_range(SUFFIX_TOKENS.0..=SUFFIX_TOKENS.1);
-                    (Some(g), prefixes[g].len() as u64 / 4 + suffix)
+                    let prefix = (prefixes[g].len() / CHARS_PER_TOKEN) as u64;
+                    (Some(g), prefix + suffix)
                 }
             };
             arrivals.push(Arrival {
                 at: Duration::from_secs_f64(at),
                 group,
+                blocks: None,
                 seed,
                 prompt_tokens,
                 max_tokens,
             });
         }
         Self {
-            kind,
+            workload: kind.as_str().to_string(),
             rate,
             seed,
             arrivals,
             prefixes,
+            blocks: None,
         }
     }
 
-    /// The prompt text of `a`: its prefix (if any) and unique text, 4
-    /// characters per token in all.
+    /// The prompt text of `a`, [`CHARS_PER_TOKEN`] characters per token:
+    /// its blocks' text (trace replays), or its prefix (if any) and unique
+    /// text.
     pub fn prompt(&self, a: &Arrival) -> String {
+        let chars = CHARS_PER_TOKEN * a.prompt_tokens as usize;
+        if let (Some(ids), Some(blocks)) = (&a.blocks, &self.blocks) {
+            return blocks.prompt(ids, chars, a.seed);
+        }
         match a.group.and_then(|g| self.prefixes.get(g)) {
             Some(prefix) => {
-                let rest = (4 * a.prompt_tokens as usize).saturating_sub(prefix.len());
+                let rest = chars.saturating_sub(prefix.len());
                 let mut s = String::with_capacity(prefix.len() + rest);
                 s.push_str(prefix);
                 s.push_str(&text(a.seed, rest));
                 s
             }
-            None => text(a.seed, 4 * a.prompt_tokens as usize),
+            None => text(a.seed, chars),
         }
     }
 }
