@@ -60,7 +60,7 @@ fn prompt_text(seed: u64) -> String {
         state ^= state << 17;
         text.push_str(WORDS[(state % 12) as usize]);
         words += 1;
-        if words % 512 == 0 && tokens.encode(None, &text).unwrap().len() >= TARGET_TOKENS {
+        if words.is_multiple_of(512) && tokens.encode(None, &text).unwrap().len() >= TARGET_TOKENS {
             return text;
         }
     }

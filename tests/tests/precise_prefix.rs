@@ -71,7 +71,10 @@ async fn dry_run(setup: &Setup, replica: usize, body: &Value) -> String {
     let url = format!("{}/debug/route", setup.fleet.url(replica));
     let answer = setup.client.post_json(&url, body).await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
-    answer.json().unwrap()["worker"].as_str().unwrap().to_string()
+    answer.json().unwrap()["worker"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[tokio::test]
@@ -104,9 +107,11 @@ async fn later_turns_follow_the_cache_and_every_replica_agrees() {
         for f in 0..FAMILIES {
             let later = chat(&format!("{}{}", history(f), text(5000 + f, 200)), 4, false);
             let home = homes[f as usize].clone();
-            wait_for("the home engine's events", Duration::from_secs(10), async || {
-                (dry_run(&setup, 0, &later).await == home).then_some(())
-            })
+            wait_for(
+                "the home engine's events",
+                Duration::from_secs(10),
+                async || (dry_run(&setup, 0, &later).await == home).then_some(()),
+            )
             .await;
             let mut picks = Vec::new();
             for replica in 0..setup.fleet.len() {
@@ -128,7 +133,10 @@ async fn later_turns_follow_the_cache_and_every_replica_agrees() {
             let url = format!("{}/v1/chat/completions", setup.fleet.url(replica));
             let later = chat(&format!("{}{}", history(f), text(6000 + f, 200)), 4, false);
             let answer = setup.client.post_json(&url, &later).await.unwrap();
-            assert_eq!(answer.header("x-shoal-worker"), Some(homes[f as usize].as_str()));
+            assert_eq!(
+                answer.header("x-shoal-worker"),
+                Some(homes[f as usize].as_str())
+            );
         }
     })
     .await;
