@@ -149,9 +149,30 @@ impl KvEvents {
     /// Each worker's cached prefix of `blocks` in blocks (the best of its
     /// ranks), for workers whose index can be routed on.
     pub fn cached_blocks(&self, blocks: &[u64], out: &mut HashMap<u64, usize>) {
+        self.cached_and_trusted(blocks, &[], out, &mut Vec::new());
+    }
+
+    /// [`KvEvents::cached_blocks`] and, for each of `workers`, whether it
+    /// is [trusted](KvEvents::trusted), under one read of the index (the
+    /// request path reads it once, not once per candidate).
+    pub fn cached_and_trusted(
+        &self,
+        blocks: &[u64],
+        workers: &[u64],
+        out: &mut HashMap<u64, usize>,
+        trusted: &mut Vec<bool>,
+    ) {
         out.clear();
         let mut matches = Vec::new();
-        self.read().matches(blocks, &mut matches);
+        let index = self.read();
+        index.matches(blocks, &mut matches);
+        trusted.clear();
+        trusted.extend(
+            workers
+                .iter()
+                .map(|w| index.worker_coverage(*w) != Coverage::Cold),
+        );
+        drop(index);
         for (worker, depth) in matches {
             let best = out.entry(worker).or_insert(0);
             *best = (*best).max(depth);

@@ -73,16 +73,16 @@ impl PrecisePrefixPolicy {
         request: &RequestInfo,
         blocks: &[u64],
     ) -> Vec<u64> {
-        let mut depth = HashMap::new();
-        self.kv.cached_blocks(blocks, &mut depth);
+        let ids: Vec<u64> = candidates.iter().map(|w| w.id()).collect();
+        let (mut depth, mut trusted) = (HashMap::new(), Vec::new());
+        self.kv
+            .cached_and_trusted(blocks, &ids, &mut depth, &mut trusted);
         let block_tokens = self.kv.block_size() as u64;
-        let mut cached: Vec<u64> = candidates
+        let mut cached: Vec<u64> = ids
             .iter()
-            .map(|w| depth.get(&w.id()).map_or(0, |d| *d as u64 * block_tokens))
+            .map(|id| depth.get(id).map_or(0, |d| *d as u64 * block_tokens))
             .collect();
-        let untrusted: Vec<usize> = (0..candidates.len())
-            .filter(|&i| !self.kv.trusted(candidates[i].id()))
-            .collect();
+        let untrusted: Vec<usize> = (0..candidates.len()).filter(|&i| !trusted[i]).collect();
         if untrusted.is_empty() {
             return cached;
         }
