@@ -12,9 +12,10 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use common::fake_engine::FakeEngine;
-use common::{Router, base_args, chat_body};
+use common::{Router, base_args, chat_body, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -191,6 +192,18 @@ async fn a_post_refused_with_503_is_retried_and_a_500_passes_through() {
     let mut args = base_args(&[&failing.url, &good.url]);
     args.push("--disable-circuit-breaker".into());
     let router = Router::start(&args).await;
+    // Both workers checked first: until then an unchecked worker takes no
+    // request, and both would go to whichever was checked first.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let workers = router.workers().await;
+            workers
+                .as_array()
+                .is_some_and(|all| all.iter().all(|w| w["healthy"] == true))
+        })
+        .await,
+        "both workers checked"
+    );
     let mut statuses: Vec<u16> = Vec::new();
     for _ in 0..2 {
         statuses.push(router.chat(false).await.status().as_u16());
