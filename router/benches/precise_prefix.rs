@@ -1,7 +1,9 @@
 //! What `precise_prefix` costs per request at 1,024 workers with an
-//! 8k-token prompt, split where the time goes: tokenizing the prompt,
-//! chaining its blocks, the index walk, and the whole selection (all of
-//! these plus least_load's scores over every worker). Before the samples
+//! 8k-token prompt, split where the time goes: tokenizing the prompt
+//! (whole, and as a conversation's later turn whose history the prefix
+//! cache holds), chaining its blocks, the index walk, and the whole
+//! selection (all of these plus least_load's scores over every worker) for
+//! a prompt nothing cached begins like and for a later turn. Before the samples
 //! it prints the index's memory per block (a fill of 100 engines × 100k
 //! blocks, measured as the process's resident-set growth) and the figure
 //! that implies at 1,000 engines × 100k blocks.
@@ -67,14 +69,7 @@ fn prompt_text(seed: u64) -> String {
 }
 
 fn request(seed: u64) -> RequestInfo {
-    let text = prompt_text(seed);
-    RequestInfo {
-        prompt_tokens: TARGET_TOKENS as u64,
-        max_output_tokens: Some(256),
-        stream: true,
-        text: Some(text),
-        ..RequestInfo::default()
-    }
+    with_text(prompt_text(seed))
 }
 
 /// 1,024 polled workers; every worker's engine caches the shared part of
@@ -159,11 +154,40 @@ fn stored(engine: u64, tokens: &[u32]) -> KvEvent {
     })
 }
 
+/// A later turn of the conversation `prompt_text(1)` is the history of:
+/// that text and ~200 new tokens unique to `turn`.
+fn later_turn(turn: u64) -> String {
+    format!(
+        "{} and then question {turn} asks about the {} router {}",
+        prompt_text(1),
+        turn * 7919,
+        "cache engine block ".repeat(50)
+    )
+}
+
+/// A prompt nothing cached starts like (its first word is unique).
+fn cold_prompt(n: u64) -> String {
+    format!("cold{n} {}", prompt_text(1))
+}
+
 #[divan::bench(sample_count = 50)]
-fn tokenize_8k(bencher: Bencher) {
-    let tokens = tokenizers();
+fn tokenize_8k_whole(bencher: Bencher) {
+    let tokenizer = tokenizers::Tokenizer::from_file(tokenizer_path()).unwrap();
     let text = prompt_text(1);
-    bencher.bench_local(|| black_box(tokens.encode(None, black_box(&text))));
+    bencher.bench_local(|| black_box(tokenizer.encode_fast(black_box(text.as_str()), true)));
+}
+
+#[divan::bench(sample_count = 50)]
+fn tokenize_8k_later_turn(bencher: Bencher) {
+    let tokens = tokenizers();
+    tokens.encode(None, &prompt_text(1)).unwrap();
+    let mut turn = 0;
+    bencher
+        .with_inputs(|| {
+            turn += 1;
+            later_turn(turn)
+        })
+        .bench_local_refs(|text| black_box(tokens.encode(None, text)));
 }
 
 #[divan::bench(sample_count = 50)]
@@ -176,7 +200,7 @@ fn chain_blocks_8k(bencher: Bencher) {
 fn index_walk_1024(bencher: Bencher) {
     let (policy, _workers, _fleet, requests) = setup();
     let kv: Arc<KvEvents> = policy.kv_events().unwrap();
-    let blocks = kv.prompt_blocks(&requests[0]).unwrap();
+    let blocks = kv.prompt_blocks(&requests[0]).unwrap().hashes;
     let mut out = std::collections::HashMap::new();
     bencher.bench_local(|| {
         kv.cached_blocks(black_box(&blocks), &mut out);
@@ -184,14 +208,46 @@ fn index_walk_1024(bencher: Bencher) {
     });
 }
 
+/// `request` with its text replaced.
+fn with_text(text: String) -> RequestInfo {
+    RequestInfo {
+        text: Some(text),
+        ..request_template()
+    }
+}
+
+fn request_template() -> RequestInfo {
+    RequestInfo {
+        prompt_tokens: TARGET_TOKENS as u64,
+        max_output_tokens: Some(256),
+        stream: true,
+        ..RequestInfo::default()
+    }
+}
+
 #[divan::bench(sample_count = 50)]
-fn select_1024_workers_8k_prompt(bencher: Bencher) {
-    let (policy, workers, fleet, requests) = setup();
-    let mut i = 0usize;
-    bencher.bench_local(|| {
-        i = i.wrapping_add(1);
-        black_box(policy.select(&workers, &requests[i % requests.len()], &fleet))
-    });
+fn select_1024_workers_8k_cold_prompt(bencher: Bencher) {
+    let (policy, workers, fleet, _requests) = setup();
+    let mut n = 0;
+    bencher
+        .with_inputs(|| {
+            n += 1;
+            with_text(cold_prompt(n))
+        })
+        .bench_local_refs(|request| black_box(policy.select(&workers, request, &fleet)));
+}
+
+#[divan::bench(sample_count = 50)]
+fn select_1024_workers_8k_later_turn(bencher: Bencher) {
+    let (policy, workers, fleet, _requests) = setup();
+    policy.select(&workers, &with_text(prompt_text(1)), &fleet);
+    let mut turn = 0;
+    bencher
+        .with_inputs(|| {
+            turn += 1;
+            with_text(later_turn(turn))
+        })
+        .bench_local_refs(|request| black_box(policy.select(&workers, request, &fleet)));
 }
 
 fn rss_bytes() -> u64 {

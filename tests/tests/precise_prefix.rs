@@ -11,7 +11,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fleet_support::{Setup, start, wait_for};
+use std::time::Instant;
+
+use fleet_support::{Setup, start, start_with_spares, wait_for};
 use serde_json::Value;
 use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
 use shoal_tests::workload::{chat, text};
@@ -86,18 +88,8 @@ async fn later_turns_follow_the_cache_and_every_replica_agrees() {
         let setup = start(engines, &[0, 1, 2, 3], true, &args).await;
         // First turns, each through some replica: whichever engine takes a
         // family's first turn caches its history.
-        let mut homes = Vec::new();
-        for f in 0..FAMILIES {
-            let replica = (f as usize) % setup.fleet.len();
-            let url = format!("{}/v1/chat/completions", setup.fleet.url(replica));
-            let answer = setup
-                .client
-                .post_json(&url, &chat(&history(f), 4, false))
-                .await
-                .unwrap();
-            assert_eq!(answer.status, 200, "{}", answer.text());
-            homes.push(answer.header("x-shoal-worker").unwrap().to_string());
-        }
+        let replicas = setup.fleet.len();
+        let homes = first_turns(&setup, |f| f % replicas).await;
         // Once the events are in, a later turn of each family (its history
         // plus a new message) is placed on its home by every replica.
         // (After the polls have seen the first turns finish, so every
@@ -138,6 +130,109 @@ async fn later_turns_follow_the_cache_and_every_replica_agrees() {
                 Some(homes[f as usize].as_str())
             );
         }
+    })
+    .await;
+}
+
+/// The blocks of `body`'s prompt replica `replica`'s index says `home`
+/// caches (0 if none).
+async fn home_blocks(setup: &Setup, replica: usize, body: &Value, home: &str) -> u64 {
+    let url = format!("{}/debug/route", setup.fleet.url(replica));
+    let answer = setup.client.post_json(&url, body).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let json = answer.json().unwrap();
+    json["cached"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["worker"] == home)
+        .and_then(|c| c["blocks"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Sends the first turn of every family `f` through replica
+/// `replica_of(f)` and returns the engine each one landed on.
+async fn first_turns(setup: &Setup, replica_of: impl Fn(usize) -> usize) -> Vec<String> {
+    let mut homes = Vec::new();
+    for f in 0..FAMILIES {
+        let replica = replica_of(f as usize);
+        let url = format!("{}/v1/chat/completions", setup.fleet.url(replica));
+        let answer = setup
+            .client
+            .post_json(&url, &chat(&history(f), 4, false))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        homes.push(answer.header("x-shoal-worker").unwrap().to_string());
+    }
+    homes
+}
+
+#[tokio::test]
+async fn a_replica_started_into_a_busy_fleet_routes_on_the_warm_index() {
+    fleet_support::run_for(Duration::from_secs(90), async {
+        let engines = engines().await;
+        let args = args(&engines);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut setup = start_with_spares(engines, &[0, 1, 2, 3], true, &args, &["late"]).await;
+        let homes = first_turns(&setup, |_| 0).await;
+        // Keep the fleet busy while the new replica starts: unrelated
+        // prompts through the running replicas, so events keep flowing
+        // (bounded: at most 400 requests, stopped once the check is done).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let (client, urls, stop) = (
+                setup.client.clone(),
+                (0..setup.fleet.len()).map(|i| setup.fleet.url(i)).collect::<Vec<_>>(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let mut sent = 0u64;
+                while sent < 400 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let url = format!("{}/v1/chat/completions", urls[sent as usize % urls.len()]);
+                    let answer = client.post_json(&url, &chat(&text(90_000 + sent, 300), 2, false)).await;
+                    assert_eq!(answer.map(|a| a.status).ok(), Some(200));
+                    sent += 1;
+                }
+                sent
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        let late = setup.fleet.add_replica("late").await.unwrap();
+        let answering = started.elapsed();
+        // Its index is warm when, for every family, it says what a replica
+        // that ran all along says: the home engine caches the history.
+        // (Compared on the index, not on the pick: with the fleet busy the
+        // picks also follow the load, which moves between two asks.)
+        let later: Vec<Value> = (0..FAMILIES)
+            .map(|f| chat(&format!("{}{}", history(f), text(7000 + f, 200)), 4, false))
+            .collect();
+        let mut reference = Vec::new();
+        for (f, body) in later.iter().enumerate() {
+            let blocks = home_blocks(&setup, 0, body, &homes[f]).await;
+            assert!(blocks > 0, "family {f}: the running replica sees its history");
+            reference.push(blocks);
+        }
+        wait_for("the late replica's index", Duration::from_secs(30), async || {
+            for (f, body) in later.iter().enumerate() {
+                if home_blocks(&setup, late, body, &homes[f]).await != reference[f] {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        let warm = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = busy.await.unwrap();
+        println!(
+            "late replica: answering {} ms after spawn, its index as the running replica's for every family {} ms after \
+             spawn ({sent} background requests)",
+            answering.as_millis(),
+            warm.as_millis()
+        );
+        assert!(sent > 0, "the fleet was busy while the replica started");
     })
     .await;
 }

@@ -180,7 +180,17 @@ pub const KV_EVENTS_DP_RANKS: u32 = 1;
 /// Blocks the index keeps per engine (rank); past it, new blocks are not
 /// indexed. 262,144 blocks of 16 tokens is 4M tokens of KV per engine.
 pub const KV_INDEX_MAX_BLOCKS_PER_ENGINE: usize = 262_144;
+
+/// Bytes of token ids each tokenizer keeps for recent prompts' prefixes
+/// (`kv_events::token_cache`): 64 MiB holds ~16 M token ids, the
+/// histories of a few thousand long conversations, so a later turn
+/// tokenizes only its new text.
+pub const KV_TOKEN_CACHE_BYTES: usize = 64 << 20;
 /// `precise_prefix`'s bounded-load slack (as `prefix_affinity`'s).
 pub const PRECISE_PREFIX_EPSILON: f64 = PREFIX_AFFINITY_EPSILON;
+/// What `precise_prefix` counts a second of prefill saved by a cached
+/// prefix as, in seconds of queue (chosen on the Mooncake conversation
+/// trace, tests/BENCHMARKS.md).
+pub const PRECISE_PREFIX_CACHE_WEIGHT: f64 = 3.0;
 /// Bytes of prompt text `precise_prefix` tokenizes at most (~64k tokens).
 pub const PRECISE_PREFIX_MAX_PROMPT_BYTES: usize = 256 * 1024;

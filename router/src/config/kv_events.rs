@@ -50,6 +50,10 @@ pub struct KvEventsConfig {
     /// precise_prefix: a worker may take a request while its wait and in-flight requests are at most (1 + this) × the mean (plus the request's own) (>= 0).
     #[arg(long, env = "SHOAL_PRECISE_PREFIX_EPSILON", default_value_t = defaults::PRECISE_PREFIX_EPSILON, value_parser = parsers::non_negative)]
     pub precise_prefix_epsilon: f64,
+
+    /// precise_prefix: seconds of queue one second of prefill saved by a cached prefix is worth (>= 0; 0 ignores the cache, 1 = the request's own TTFT alone; more also counts the work a miss adds for the requests queued behind it).
+    #[arg(long, env = "SHOAL_PRECISE_PREFIX_CACHE_WEIGHT", default_value_t = defaults::PRECISE_PREFIX_CACHE_WEIGHT, value_parser = parsers::non_negative)]
+    pub precise_prefix_cache_weight: f64,
 }
 
 impl KvEventsConfig {
@@ -82,6 +86,7 @@ impl Default for KvEventsConfig {
             kv_tokenizer: Vec::new(),
             kv_index_max_blocks_per_engine: defaults::KV_INDEX_MAX_BLOCKS_PER_ENGINE,
             precise_prefix_epsilon: defaults::PRECISE_PREFIX_EPSILON,
+            precise_prefix_cache_weight: defaults::PRECISE_PREFIX_CACHE_WEIGHT,
         }
     }
 }

@@ -27,6 +27,47 @@ pub struct DryRun {
     pub policy: &'static str,
     /// How many workers were candidates.
     pub candidates: usize,
+    /// For a policy routing on KV events: each candidate's cached prefix
+    /// of the prompt in blocks, per this replica's index (candidates
+    /// caching none are left out), so replicas' indexes can be compared
+    /// apart from their load views.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cached: Vec<CachedPrefix>,
+}
+
+/// One worker's cached prefix of the prompt.
+#[derive(Debug, Serialize)]
+pub struct CachedPrefix {
+    /// The worker's URL.
+    pub worker: String,
+    /// Blocks of the prompt, from its start, its engine caches.
+    pub blocks: usize,
+}
+
+/// What the replica's KV index says each candidate caches of the prompt.
+fn cached_prefixes(
+    app: &AppState,
+    candidates: &[Arc<crate::workers::Worker>],
+    info: &request::RequestInfo,
+) -> Vec<CachedPrefix> {
+    let Some(kv) = app.policy.kv_events() else {
+        return Vec::new();
+    };
+    let Some(blocks) = kv.prompt_blocks(info) else {
+        return Vec::new();
+    };
+    let mut depth = std::collections::HashMap::new();
+    kv.cached_blocks(&blocks.hashes, &mut depth);
+    candidates
+        .iter()
+        .filter_map(|w| {
+            let blocks = *depth.get(&w.id())?;
+            Some(CachedPrefix {
+                worker: w.url().to_string(),
+                blocks,
+            })
+        })
+        .collect()
 }
 
 /// `POST /debug/route` with an inference request's JSON body.
@@ -60,6 +101,7 @@ pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
         worker: chosen.url().to_string(),
         policy: app.policy.name(),
         candidates: candidates.len(),
+        cached: cached_prefixes(&app, &candidates, &info),
     })
     .into_response()
 }

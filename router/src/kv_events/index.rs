@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use super::chain;
+use super::holders::Holders;
 use super::wire::{KvEvent, Removed, Stored};
 
 /// An event stream's handle in the index: one engine (data-parallel
@@ -69,7 +70,7 @@ pub struct KvIndex {
     block_size: usize,
     max_blocks_per_stream: usize,
     streams: HashMap<StreamId, Stream>,
-    holders: HashMap<u64, Vec<StreamId>>,
+    holders: HashMap<u64, Holders>,
     by_worker: HashMap<u64, Vec<StreamId>>,
     next_stream: u32,
 }
@@ -268,6 +269,7 @@ impl KvIndex {
             return;
         };
         let mut alive: Vec<StreamId> = first
+            .as_slice()
             .iter()
             .copied()
             .filter(|s| self.coverage(*s) != Coverage::Cold)
@@ -278,7 +280,7 @@ impl KvIndex {
             if alive.is_empty() {
                 break;
             }
-            let holders = self.holders.get(block).map_or(&[][..], Vec::as_slice);
+            let holders = self.holders.get(block).map_or(&[][..], Holders::as_slice);
             if holders == alive.as_slice() {
                 // The common case down a shared prefix: everyone still
                 // matches (one slice compare instead of a search each).
@@ -302,24 +304,22 @@ impl KvIndex {
     }
 }
 
-/// Adds `stream` to the sorted holders of `block`.
-fn hold(holders: &mut HashMap<u64, Vec<StreamId>>, block: u64, stream: StreamId) {
-    let list = holders.entry(block).or_default();
-    if let Err(at) = list.binary_search(&stream) {
-        list.insert(at, stream);
+/// Adds `stream` to the holders of `block`.
+fn hold(holders: &mut HashMap<u64, Holders>, block: u64, stream: StreamId) {
+    match holders.entry(block) {
+        Entry::Occupied(mut entry) => entry.get_mut().insert(stream),
+        Entry::Vacant(slot) => {
+            slot.insert(Holders::One(stream));
+        }
     }
 }
 
 /// Removes `stream` from the holders of `block`, dropping an empty entry.
-fn unhold(holders: &mut HashMap<u64, Vec<StreamId>>, block: u64, stream: StreamId) {
-    if let Entry::Occupied(mut entry) = holders.entry(block) {
-        let list = entry.get_mut();
-        if let Ok(at) = list.binary_search(&stream) {
-            list.remove(at);
-        }
-        if list.is_empty() {
-            entry.remove();
-        }
+fn unhold(holders: &mut HashMap<u64, Holders>, block: u64, stream: StreamId) {
+    if let Entry::Occupied(mut entry) = holders.entry(block)
+        && !entry.get_mut().remove(stream)
+    {
+        entry.remove();
     }
 }
 

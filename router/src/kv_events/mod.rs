@@ -20,9 +20,11 @@
 //! is registered.
 
 pub mod chain;
+pub mod holders;
 pub mod index;
 pub mod sequence;
 pub mod subscriber;
+pub mod token_cache;
 pub mod tokens;
 pub mod vectors;
 pub mod wire;
@@ -50,6 +52,20 @@ pub struct KvEvents {
     index: Arc<RwLock<KvIndex>>,
     tokenizers: Tokenizers,
     load_error: Option<String>,
+}
+
+/// A prompt cut into the engines' blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptBlocks {
+    /// Shoal's chained hashes of its full blocks, in order.
+    pub hashes: Vec<u64>,
+    /// Its length in the tokenizer's tokens (the unit of the blocks), so a
+    /// cached prefix can be turned into a share of the prompt.
+    pub tokens: usize,
+    /// A hash of all its tokens, the partial last block included: two
+    /// prompts differing only after their last full block still differ
+    /// here (the policy spreads near-ties on it).
+    pub whole: u64,
 }
 
 impl KvEvents {
@@ -129,16 +145,21 @@ impl KvEvents {
             .collect()
     }
 
-    /// The chained block hashes of `request`'s prompt, or `None` when no
-    /// tokenizer serves its model or it has no text.
-    pub fn prompt_blocks(&self, request: &RequestInfo) -> Option<Vec<u64>> {
+    /// The chained block hashes of `request`'s prompt and its length in
+    /// tokens, or `None` when no tokenizer serves its model or it has no
+    /// text.
+    pub fn prompt_blocks(&self, request: &RequestInfo) -> Option<PromptBlocks> {
         let text = request.text.as_deref()?;
         let ids = self.tokenizers.encode(request.model.as_deref(), text)?;
-        Some(chain::blocks(
-            chain::seed(None),
-            &ids,
-            self.config.kv_block_size,
-        ))
+        let size = self.config.kv_block_size;
+        let hashes = chain::blocks(chain::seed(None), &ids, size);
+        let parent = hashes.last().copied().unwrap_or(chain::seed(None));
+        let whole = chain::block(parent, &ids[hashes.len() * size..]);
+        Some(PromptBlocks {
+            hashes,
+            tokens: ids.len(),
+            whole,
+        })
     }
 
     /// Tokens per block.

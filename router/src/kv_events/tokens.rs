@@ -4,7 +4,9 @@
 //!
 //! The router tokenizes the prompt text it extracted (message contents
 //! joined by newlines, or the completion prompt), adding the tokenizer's
-//! special tokens as a completion request does. Chat templates are not
+//! special tokens as a completion request does, through each tokenizer's
+//! prefix cache (`token_cache`), so a conversation's later turns tokenize
+//! only their new text. Chat templates are not
 //! applied yet: against a real engine serving chat, the first block then
 //! differs from the engine's (its template's role markers) and such
 //! requests match nothing — they are routed as unmatched prompts, which is
@@ -16,10 +18,13 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+use super::token_cache::Segmenter;
+use crate::config::defaults::KV_TOKEN_CACHE_BYTES;
+
 /// The tokenizers by model name; `None` is the one for every other model.
 #[derive(Default, Clone)]
 pub struct Tokenizers {
-    by_model: HashMap<Option<String>, Arc<Tokenizer>>,
+    by_model: HashMap<Option<String>, Arc<Segmenter>>,
 }
 
 impl std::fmt::Debug for Tokenizers {
@@ -37,7 +42,15 @@ impl Tokenizers {
         for (model, path) in entries {
             let tokenizer = Tokenizer::from_file(path)
                 .map_err(|e| format!("--kv-tokenizer {}: {e}", path.display()))?;
-            by_model.insert(model.clone(), Arc::new(tokenizer));
+            let segmenter = Segmenter::new(Arc::new(tokenizer), KV_TOKEN_CACHE_BYTES);
+            if !segmenter.caches() {
+                tracing::info!(
+                    path = %path.display(),
+                    "this tokenizer does not split exactly at word boundaries: prompts are \
+                     tokenized whole, without the prefix cache"
+                );
+            }
+            by_model.insert(model.clone(), Arc::new(segmenter));
         }
         Ok(Self { by_model })
     }
@@ -53,10 +66,7 @@ impl Tokenizers {
         let tokenizer = model
             .and_then(|m| self.by_model.get(&Some(m.to_string())))
             .or_else(|| self.by_model.get(&None))?;
-        tokenizer
-            .encode_fast(text, true)
-            .ok()
-            .map(|encoding| encoding.get_ids().to_vec())
+        tokenizer.encode(text)
     }
 }
 

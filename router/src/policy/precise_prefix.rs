@@ -6,8 +6,12 @@
 //! chained into blocks, and for each candidate:
 //!
 //! ```text
-//! score = wait − saved,   saved = cached prefix tokens in least_load's unit
+//! score = wait − w × saved,   saved = cached prefix tokens in least_load's unit
 //! ```
+//!
+//! (`w`, `--precise-prefix-cache-weight`: 1 weighs only this request's
+//! own TTFT; a miss also adds its prefill to the queue of every request
+//! behind it, which a larger `w` counts.)
 //!
 //! `wait` is `least_load`'s expected wait (fleet-wide token-work over
 //! throughput, plus the KV barrier) and `saved` is the prefill the cached
@@ -24,9 +28,13 @@
 //! affinity key is credited with that key's prefix. The fallback is per
 //! worker: one engine without events never turns the index off for the rest.
 //!
-//! Ties (equal scores, common when nothing is cached) go to the highest
-//! rendezvous weight of the prompt's first block, not to a coin: every
-//! replica asked the same question gives the same answer.
+//! Near-ties go to the prompt's rendezvous choice, not to a coin: among
+//! the candidates caching at least as much as the best and scoring within
+//! the request's own work of it, the highest rendezvous weight of the
+//! whole prompt's hash wins. Every replica asked about one request gives
+//! the same answer, and different requests arriving together at several
+//! replicas spread over the near-equal engines instead of herding onto the
+//! single lowest score (which the mesh would only show them after its lag).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,7 +45,7 @@ use super::{Policy, pick};
 use crate::config::defaults::{CHARS_PER_TOKEN, PRECISE_PREFIX_MAX_PROMPT_BYTES};
 use crate::config::{KvEventsConfig, LeastLoadConfig, PrefixAffinityConfig, RoutingConfig};
 use crate::fleet::FleetView;
-use crate::kv_events::KvEvents;
+use crate::kv_events::{KvEvents, PromptBlocks};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
 
@@ -46,6 +54,7 @@ use crate::workers::Worker;
 pub struct PrecisePrefixPolicy {
     kv: Arc<KvEvents>,
     epsilon: super::knobs::Knobs<f64>,
+    cache_weight: super::knobs::Knobs<f64>,
     affinity_blocks: super::knobs::Knobs<usize>,
     least_load: LeastLoadPolicy,
 }
@@ -59,28 +68,38 @@ impl PrecisePrefixPolicy {
     ) -> Self {
         Self {
             epsilon: super::knobs::Knobs::new(kv.precise_prefix_epsilon),
+            cache_weight: super::knobs::Knobs::new(kv.precise_prefix_cache_weight),
             affinity_blocks: super::knobs::Knobs::new(affinity.prefix_affinity_blocks),
             kv: Arc::new(KvEvents::new(kv)),
             least_load: LeastLoadPolicy::new(least_load),
         }
     }
 
-    /// Cached prefix tokens per candidate: from the index for trusted
-    /// workers, by prefix affinity for the others.
+    /// Cached prefix tokens per candidate, in the unit of the request's
+    /// `prompt_tokens` (least_load's work): from the index for trusted
+    /// workers (the cached share of the tokenized prompt), by prefix
+    /// affinity for the others.
     fn cached_tokens(
         &self,
         candidates: &[Arc<Worker>],
         request: &RequestInfo,
-        blocks: &[u64],
+        blocks: &PromptBlocks,
     ) -> Vec<u64> {
         let ids: Vec<u64> = candidates.iter().map(|w| w.id()).collect();
         let (mut depth, mut trusted) = (HashMap::new(), Vec::new());
         self.kv
-            .cached_and_trusted(blocks, &ids, &mut depth, &mut trusted);
-        let block_tokens = self.kv.block_size() as u64;
+            .cached_and_trusted(&blocks.hashes, &ids, &mut depth, &mut trusted);
+        let block_tokens = self.kv.block_size() as u128;
+        let (prompt, tokenized) = (
+            u128::from(request.prompt_tokens),
+            (blocks.tokens as u128).max(1),
+        );
         let mut cached: Vec<u64> = ids
             .iter()
-            .map(|id| depth.get(id).map_or(0, |d| *d as u64 * block_tokens))
+            .map(|id| {
+                let tokens = depth.get(id).map_or(0, |d| *d as u128 * block_tokens);
+                (tokens.min(tokenized) * prompt / tokenized) as u64
+            })
             .collect();
         let untrusted: Vec<usize> = (0..candidates.len()).filter(|&i| !trusted[i]).collect();
         if untrusted.is_empty() {
@@ -132,24 +151,30 @@ impl Policy for PrecisePrefixPolicy {
         if cached.iter().all(|c| *c == 0) {
             return least();
         }
-        let tie_key = blocks.first().copied().unwrap_or(0);
-        let mut best: Option<(f64, u64, usize)> = None;
-        for (i, worker) in candidates.iter().enumerate() {
-            let (wait, requests) = (scores.values[i], scores.requests[i]);
-            if !bound.admits(wait, requests) {
-                continue;
-            }
-            let score = wait - unit.of_request(cached[i]);
-            let weight = rendezvous_weight(tie_key, worker.url_hash());
-            let better = match best {
-                None => score.is_finite(),
-                Some((top, top_weight, _)) => score < top || (score == top && weight > top_weight),
-            };
-            if better {
-                best = Some((score, weight, i));
-            }
-        }
-        best.map(|(_, _, i)| i).or_else(least)
+        let weight = self.cache_weight.get();
+        let admitted: Vec<(usize, f64)> = (0..candidates.len())
+            .filter(|&i| bound.admits(scores.values[i], scores.requests[i]))
+            .map(|i| (i, scores.values[i] - weight * unit.of_request(cached[i])))
+            .filter(|(_, score)| score.is_finite())
+            .collect();
+        let Some(&(top, top_score)) = admitted.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return least();
+        };
+        // Near-equals: caching at least as much as the best, and scoring
+        // within this request's own work of it (adding the request to any
+        // of them leaves them about as good). Among them the prompt's own
+        // rendezvous choice wins: every replica asked about one request
+        // names the same worker, but requests arriving together at several
+        // replicas (before the mesh carries their bookings) spread instead
+        // of all taking the one lowest score.
+        let slack = own.max(0.0);
+        let spread_key = blocks.whole;
+        admitted
+            .iter()
+            .filter(|(i, score)| cached[*i] >= cached[top] && *score <= top_score + slack)
+            .max_by_key(|(i, _)| rendezvous_weight(spread_key, candidates[*i].url_hash()))
+            .map(|(i, _)| *i)
+            .or(Some(top))
     }
 
     fn prompt_text_limit(&self) -> Option<usize> {
@@ -162,6 +187,8 @@ impl Policy for PrecisePrefixPolicy {
 
     fn reconfigure(&self, routing: &RoutingConfig) {
         self.epsilon.set(routing.kv_events.precise_prefix_epsilon);
+        self.cache_weight
+            .set(routing.kv_events.precise_prefix_cache_weight);
         self.affinity_blocks
             .set(routing.prefix_affinity.prefix_affinity_blocks);
         self.least_load.set_config(routing.least_load);

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 pub mod driver;
+pub mod kv;
 pub mod plan;
 pub mod plot;
 pub mod pooled;
@@ -75,15 +76,22 @@ pub struct BenchSetup {
     pub extra_args: Vec<String>,
     /// Load-generator knobs.
     pub load: LoadOptions,
+    /// Set when a policy of the run routes on KV events: every scenario's
+    /// engines then tokenize and publish events (see [`kv`]).
+    pub kv_events: Option<kv::KvEventsSetup>,
 }
 
 impl BenchSetup {
     /// The engine configuration of `spec`: the shared one with the
     /// scenario's flavor, so flavors differ in nothing else.
     pub fn engine_for(&self, spec: &ScenarioSpec) -> EngineConfig {
-        EngineConfig {
+        let cfg = EngineConfig {
             flavor: spec.flavor,
             ..self.engine.clone()
+        };
+        match &self.kv_events {
+            Some(kv) => kv.engine(cfg),
+            None => cfg,
         }
     }
 
@@ -129,9 +137,17 @@ pub async fn run_scenario(
         .await
         .map_err(|e| format!("cannot start mock engines: {e}"))?;
     let urls: Vec<String> = engines.iter().map(EngineHandle::url).collect();
+    let mut args = setup.replica_args(spec);
+    if let Some(kv) = setup
+        .kv_events
+        .as_ref()
+        .filter(|_| spec.policy == kv::EVENT_POLICY)
+    {
+        args.extend(kv.replica_args(&engines));
+    }
     let cfg = FleetConfig::new(setup.shoal_bin.clone(), spec.replicas, urls.clone())
         .mesh(spec.mesh)
-        .args(setup.replica_args(spec));
+        .args(args);
     let fleet = Fleet::start(cfg).await.map_err(|e| e.0)?;
     if spec.mesh {
         fleet
@@ -151,9 +167,26 @@ pub async fn run_scenario(
     let pids: Vec<u32> = (0..fleet.len()).filter_map(|i| fleet.pid(i)).collect();
     let cpu_before = CpuSample::take(&pids);
     let started = Instant::now();
+    let stop_probe = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = (spec.policy == kv::EVENT_POLICY && replicas.len() > 1).then(|| {
+        tokio::spawn(kv::probe_agreement(
+            replicas.clone(),
+            std::sync::Arc::new(schedule.clone()),
+            started,
+            Duration::from_millis(500),
+            2_000,
+            stop_probe.clone(),
+        ))
+    });
     let handles = engines.iter().map(|e| e.engine().clone()).collect();
     let load = run_load(schedule, &replicas, handles, &setup.load, progress).await;
     let secs = started.elapsed().as_secs_f64();
+    stop_probe.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(probe) = probe
+        && let Ok(agreement) = probe.await
+    {
+        eprintln!("{}", agreement.line());
+    }
     let cpu = CpuSample::take(&pids).usage_since(&cpu_before);
     let after = if spec.mesh {
         mesh_traffic(&fleet).await
@@ -168,6 +201,9 @@ pub async fn run_scenario(
         (d, secs)
     });
     let stats = engine_stats(&HttpClient::new(), &urls).await;
+    if spec.policy == kv::EVENT_POLICY {
+        eprintln!("{}", kv::traffic_line(&engines, spec.replicas, secs));
+    }
     drop(fleet);
     for e in engines {
         e.shutdown().await;

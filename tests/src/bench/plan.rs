@@ -29,7 +29,7 @@ pub enum Choice {
 }
 
 /// Every `shoal --policy` value.
-pub const POLICIES: [&str; 7] = [
+pub const POLICIES: [&str; 8] = [
     "round_robin",
     "random",
     "power_of_two",
@@ -37,11 +37,12 @@ pub const POLICIES: [&str; 7] = [
     "cache_aware",
     "load_aware",
     "prefix_affinity",
+    "precise_prefix",
 ];
 
 /// `(name, policy, workload)` of every [`Choice::Pair`]: each policy on
 /// each workload.
-pub const PAIRS: [(&str, &str, WorkloadKind); 14] = {
+pub const PAIRS: [(&str, &str, WorkloadKind); 16] = {
     use WorkloadKind::{SharedPrefix, SizeSkewed};
     [
         ("round_robin@size_skewed", "round_robin", SizeSkewed),
@@ -51,6 +52,7 @@ pub const PAIRS: [(&str, &str, WorkloadKind); 14] = {
         ("cache_aware@size_skewed", "cache_aware", SizeSkewed),
         ("load_aware@size_skewed", "load_aware", SizeSkewed),
         ("prefix_affinity@size_skewed", "prefix_affinity", SizeSkewed),
+        ("precise_prefix@size_skewed", "precise_prefix", SizeSkewed),
         ("round_robin@shared_prefix", "round_robin", SharedPrefix),
         ("random@shared_prefix", "random", SharedPrefix),
         ("power_of_two@shared_prefix", "power_of_two", SharedPrefix),
@@ -60,6 +62,11 @@ pub const PAIRS: [(&str, &str, WorkloadKind); 14] = {
         (
             "prefix_affinity@shared_prefix",
             "prefix_affinity",
+            SharedPrefix,
+        ),
+        (
+            "precise_prefix@shared_prefix",
+            "precise_prefix",
             SharedPrefix,
         ),
     ]

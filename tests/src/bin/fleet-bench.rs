@@ -26,6 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shoal_tests::bench::cpu::clock_ticks_per_sec;
 use shoal_tests::bench::driver::LoadOptions;
+use shoal_tests::bench::kv::{EVENT_POLICY, KvEventsSetup, fixture_tokenizer};
 use shoal_tests::bench::plan::{Choice, parse_choices, parse_trace_policies, scenarios, seeds};
 use shoal_tests::bench::pooled::pooled_ratio;
 use shoal_tests::bench::report::{ScenarioResult, markdown_table, opt};
@@ -79,7 +80,8 @@ struct Cli {
     /// on the size-skewed traffic, vLLM engines), or `<policy>@<workload>`
     /// for any shoal policy on size_skewed or shared_prefix traffic. With
     /// --trace: plain shoal policy names, each run on the trace
-    /// [default: least_load,cache_aware; with --trace prefix_affinity,cache_aware].
+    /// [default: least_load,cache_aware; with --trace
+    /// precise_prefix,prefix_affinity,cache_aware].
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
     /// Replays a trace instead of the generated workloads: a Mooncake
@@ -114,6 +116,12 @@ struct Cli {
     /// default is 4; scaled like the sync interval).
     #[arg(long, default_value_t = 4.0)]
     mesh_push_gap_ms: f64,
+    /// Prompt tokens each engine's prefix cache holds [default: the mock
+    /// engine's, 65,536]. A vLLM engine serving an 8B model on one 80 GB
+    /// GPU keeps ~400k tokens of KV; the default is small so that cache
+    /// pressure shows on short runs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1024..=100_000_000))]
+    engine_cache_tokens: Option<u64>,
     /// Output tokens per SSE event after the first (CPU of the box).
     #[arg(long, default_value_t = 16)]
     tokens_per_chunk: u32,
@@ -135,6 +143,10 @@ struct Cli {
     /// TrueType font for the PNG [default: DejaVu Sans].
     #[arg(long, value_name = "FILE")]
     font: Option<PathBuf>,
+    /// The `tokenizer.json` engines and replicas share when a policy routes
+    /// on KV events (precise_prefix) [default: the test fixture].
+    #[arg(long, value_name = "FILE")]
+    kv_tokenizer: Option<PathBuf>,
     /// The shoal binary [default: `shoal` next to this program].
     #[arg(long, value_name = "PATH")]
     shoal_bin: Option<PathBuf>,
@@ -168,7 +180,7 @@ struct GenTrace {
 /// `--policies` unless given.
 const DEFAULT_POLICIES: &str = "least_load,cache_aware";
 /// `--policies` of a trace replay unless given.
-const DEFAULT_TRACE_POLICIES: &str = "prefix_affinity,cache_aware";
+const DEFAULT_TRACE_POLICIES: &str = "precise_prefix,prefix_affinity,cache_aware";
 
 /// Every scenario of a run with the schedule it replays, seed-major.
 type Plan = Vec<(ScenarioSpec, Arc<Schedule>)>;
@@ -398,12 +410,30 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         None => (parse_choices(&policies)?, Vec::new()),
     };
     let seeds = seeds(cli.seed, usize::from(cli.seeds));
+    let routes_on_events = trace_policies.contains(&EVENT_POLICY)
+        || choices.iter().any(|c| c.policy() == EVENT_POLICY);
+    let kv_events = if routes_on_events {
+        let path = cli.kv_tokenizer.clone().unwrap_or_else(fixture_tokenizer);
+        let kv = KvEventsSetup::new(&path)?;
+        eprintln!(
+            "KV events: every engine tokenizes with {} ({:.2} tokens per model token; \
+             token-block cache sized to hold the same text) and publishes vLLM events over ZMQ",
+            path.display(),
+            kv.tokens_per_model_token
+        );
+        Some(kv)
+    } else {
+        None
+    };
     let shoal_bin = locate_shoal(cli.shoal_bin.as_deref()).map_err(|e| e.0)?;
     let engine = EngineConfig {
         flavor: Flavor::Sglang,
         time_scale,
         tokens_per_chunk: cli.tokens_per_chunk.max(1),
         stats_capacity: 100_000,
+        prefix_cache_tokens: cli
+            .engine_cache_tokens
+            .unwrap_or(EngineConfig::default().prefix_cache_tokens),
         ..EngineConfig::default()
     };
     let setup = BenchSetup {
@@ -421,6 +451,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             sample_every: Duration::from_millis(100),
             kv_high: 0.95,
         },
+        kv_events,
     };
     let (plan, calibration, replays) = match &trace {
         Some(opts) => trace_plan(&cli, &setup, opts, &trace_policies, replicas, &seeds)?,

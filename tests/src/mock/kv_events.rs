@@ -59,6 +59,7 @@ fn as_str<S: serde::Serializer>(f: &KvEventsFormat, s: S) -> Result<S::Ok, S::Er
 #[derive(Debug, Default)]
 pub struct KvStats {
     published_batches: AtomicU64,
+    published_payload_bytes: AtomicU64,
     failed_batches: AtomicU64,
     replay_requests: AtomicU64,
     invalid_replay_requests: AtomicU64,
@@ -70,6 +71,9 @@ pub struct KvStats {
 pub struct KvStatsView {
     /// Batches given a seq and sent on the PUB socket.
     pub published_batches: u64,
+    /// Their msgpack payload bytes (what each subscriber receives, less
+    /// the topic, seq and ZMTP framing).
+    pub published_payload_bytes: u64,
     /// Batches that could not be encoded or sent (their seq is skipped).
     pub failed_batches: u64,
     /// Valid replay requests answered.
@@ -86,6 +90,7 @@ impl KvStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         KvStatsView {
             published_batches: get(&self.published_batches),
+            published_payload_bytes: get(&self.published_payload_bytes),
             failed_batches: get(&self.failed_batches),
             replay_requests: get(&self.replay_requests),
             invalid_replay_requests: get(&self.invalid_replay_requests),
@@ -261,12 +266,18 @@ impl Publisher {
             buf.push_back((seq, payload.clone()));
         }
         let seq8 = Bytes::copy_from_slice(&seq.to_be_bytes());
+        let bytes = payload.len() as u64;
         let Some(msg) = multipart(vec![self.topic.clone(), seq8, payload]) else {
             count(&self.stats.failed_batches);
             return;
         };
         match self.socket.send(msg).await {
-            Ok(()) => count(&self.stats.published_batches),
+            Ok(()) => {
+                count(&self.stats.published_batches);
+                self.stats
+                    .published_payload_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
+            }
             Err(e) => {
                 tracing::warn!(seq, "mock-engine: cannot publish a KV-event batch: {e}");
                 count(&self.stats.failed_batches);

@@ -155,3 +155,33 @@ fn without_a_tokenizer_it_is_least_load() {
     let request = crate::policy::testkit::text(&prompt("e"));
     assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 20]);
 }
+
+#[test]
+fn prompts_sharing_only_a_common_start_spread_over_the_engines_caching_it() {
+    // Every engine caches the shared start (a system prompt) and is
+    // equally idle: different prompts go to different engines (a burst
+    // through several replicas does not herd onto one lowest score), and
+    // each prompt to the same one every time it is asked.
+    let p = policy();
+    let workers = idle_workers(4);
+    events_on(&p, &workers);
+    let shared = prompt("shared");
+    for w in &workers {
+        engine_caches(&p, w, &shared, 20);
+    }
+    let fleet = fleet();
+    let mut used = std::collections::HashSet::new();
+    for n in 0..24 {
+        let request =
+            crate::policy::testkit::text(&format!("{shared} and then question {n} of a user"));
+        let pick = p.select(&workers, &request, &fleet);
+        assert_eq!(pick, p.select(&workers, &request, &fleet));
+        used.insert(pick);
+    }
+    assert!(used.len() >= 3, "24 prompts went to {used:?}");
+    // An engine caching more of one prompt still takes it.
+    let deeper = format!("{shared} {}", prompt("deeper"));
+    engine_caches(&p, &workers[3], &deeper, 60);
+    let request = crate::policy::testkit::text(&deeper);
+    assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 0, 20]);
+}

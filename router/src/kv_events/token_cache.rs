@@ -1,0 +1,274 @@
+//! Token ids of recent prompts' prefixes, so that a conversation's next
+//! turn (which resends every earlier one) tokenizes only its new text.
+//!
+//! A prompt is cut into segments of about [`SEGMENT_BYTES`] at *safe
+//! splits*: a space between two ASCII letters ("…word word…"). Byte-level
+//! BPE tokenizers of the GPT-2 / Llama-3 / Qwen family pre-split text with
+//! a regex that always starts a new piece at " word" after a letter, and
+//! merge only inside pieces, so tokenizing the segments one by one (special
+//! tokens only on the first) gives exactly the ids of tokenizing the whole.
+//! That is checked, not assumed: [`Segmenter::check`] compares the two on
+//! a fixed set of texts when a tokenizer loads, and a tokenizer that
+//! fails it is always tokenized whole (no cache).
+//!
+//! The cache maps the hash of the text up to each split to the ids up to
+//! it (one shared array per prompt); a lookup takes the longest cached
+//! prefix and tokenizes the segments after it. Two generations bound the
+//! memory: when the current one holds half of the budget it becomes the
+//! previous one and the old previous is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokenizers::Tokenizer;
+
+/// Bytes of text after which a prompt is split at the next safe split.
+pub const SEGMENT_BYTES: usize = 256;
+
+/// The byte offsets where `text` is cut into segments, ascending, each a
+/// space with an ASCII letter on both sides, at least [`SEGMENT_BYTES`]
+/// after the previous cut (the text's end is not listed).
+pub fn splits(text: &str) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len() / SEGMENT_BYTES);
+    let mut from = SEGMENT_BYTES;
+    while from + 1 < bytes.len() {
+        let Some(found) = memchr::memchr_iter(b' ', &bytes[from..])
+            .map(|i| from + i)
+            .find(|&s| {
+                s + 1 < bytes.len()
+                    && bytes[s - 1].is_ascii_alphabetic()
+                    && bytes[s + 1].is_ascii_alphabetic()
+            })
+        else {
+            break;
+        };
+        out.push(found);
+        from = found + SEGMENT_BYTES;
+    }
+    out
+}
+
+/// A streaming 64-bit hash of text, one word at a time (the cache's keys;
+/// collisions are as rare as in the block chain).
+fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    let mut words = bytes.chunks_exact(8);
+    for w in words.by_ref() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        h = (h.rotate_left(23) ^ u64::from_le_bytes(word)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    for &b in words.remainder() {
+        h = (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    let mut z = h ^ (bytes.len() as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The ids up to one split of some prompt: a prefix of a shared array.
+#[derive(Clone)]
+struct Checkpoint {
+    ids: Arc<[u32]>,
+    len: usize,
+}
+
+/// Two generations of checkpoints and the bytes the current one holds.
+#[derive(Default)]
+struct Generations {
+    current: HashMap<u64, Checkpoint>,
+    previous: HashMap<u64, Checkpoint>,
+    current_bytes: usize,
+}
+
+/// Bytes one checkpoint entry costs beside the ids (key, value, table).
+const ENTRY_BYTES: usize = 48;
+
+/// One tokenizer with its prefix cache (or without, if the segmented
+/// tokenization is not exact for it).
+pub struct Segmenter {
+    tokenizer: Arc<Tokenizer>,
+    exact: bool,
+    budget_bytes: usize,
+    cache: Mutex<Generations>,
+}
+
+impl std::fmt::Debug for Segmenter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segmenter")
+            .field("exact", &self.exact)
+            .field("budget_bytes", &self.budget_bytes)
+            .finish()
+    }
+}
+
+impl Segmenter {
+    /// Wraps `tokenizer` with a cache of `budget_bytes` (0: none), after
+    /// checking that segmented tokenization is exact for it.
+    pub fn new(tokenizer: Arc<Tokenizer>, budget_bytes: usize) -> Self {
+        let exact = budget_bytes > 0 && Self::check(&tokenizer);
+        Self {
+            tokenizer,
+            exact,
+            budget_bytes,
+            cache: Mutex::new(Generations::default()),
+        }
+    }
+
+    /// Whether prompts are tokenized by segments through the cache.
+    pub fn caches(&self) -> bool {
+        self.exact
+    }
+
+    /// Whether tokenizing by segments gives the whole text's ids on a
+    /// fixed set of texts: prose, code, digits, punctuation runs, spacing,
+    /// newlines and non-ASCII scripts.
+    pub fn check(tokenizer: &Tokenizer) -> bool {
+        check_texts().iter().all(|text| {
+            let whole = tokenizer
+                .encode_fast(text.as_str(), true)
+                .map(|e| e.get_ids().to_vec());
+            match (
+                whole,
+                encode_segments(tokenizer, text, &splits(text), 0, Vec::new()),
+            ) {
+                (Ok(whole), Some(parts)) => whole == parts,
+                _ => false,
+            }
+        })
+    }
+
+    /// The token ids of `text` (special tokens added as a completion
+    /// request's are), reusing the longest cached prefix; `None` if the
+    /// tokenizer fails.
+    pub fn encode(&self, text: &str) -> Option<Vec<u32>> {
+        if !self.exact {
+            return self
+                .tokenizer
+                .encode_fast(text, true)
+                .ok()
+                .map(|e| e.get_ids().to_vec());
+        }
+        let cuts = splits(text);
+        // keys[k]: the text before cut k (the last key is the whole text).
+        let mut keys = Vec::with_capacity(cuts.len() + 1);
+        let mut start = 0;
+        let mut h = 0x544f_4b43_4143_4845; // "TOKCACHE"
+        for &end in cuts.iter().chain(std::iter::once(&text.len())) {
+            h = hash_bytes(h, &text.as_bytes()[start..end]);
+            keys.push(h);
+            start = end;
+        }
+        let hit = {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter().enumerate().rev().find_map(|(k, key)| {
+                cache
+                    .current
+                    .get(key)
+                    .or_else(|| cache.previous.get(key))
+                    .map(|c| (k, c.clone()))
+            })
+        };
+        let (done, mut ids) = match hit {
+            Some((k, c)) if k + 1 == keys.len() => return c.ids.get(..c.len).map(<[u32]>::to_vec),
+            Some((k, c)) => (k + 1, c.ids.get(..c.len)?.to_vec()),
+            None => (0, Vec::with_capacity(text.len() / 3)),
+        };
+        // The id count after each segment; the reused prefix's last one is
+        // known (kept so a hot prefix survives the generations), the ones
+        // before it are not needed.
+        let mut ends = vec![0; done];
+        if let Some(last) = ends.last_mut() {
+            *last = ids.len();
+        }
+        ids = encode_segments_recording(&self.tokenizer, text, &cuts, done, ids, &mut ends)?;
+        self.remember(&keys, &ends, done.saturating_sub(1), &ids);
+        Some(ids)
+    }
+
+    /// Records the checkpoints of segments `from..` of a prompt.
+    fn remember(&self, keys: &[u64], ends: &[usize], from: usize, ids: &[u32]) {
+        let shared: Arc<[u32]> = Arc::from(ids);
+        let cost = ids.len() * 4 + keys.len() * ENTRY_BYTES;
+        if cost > self.budget_bytes / 2 {
+            return;
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.current_bytes + cost > self.budget_bytes / 2 {
+            cache.previous = std::mem::take(&mut cache.current);
+            cache.current_bytes = 0;
+        }
+        cache.current_bytes += cost;
+        for (&key, &len) in keys.iter().zip(ends).skip(from) {
+            let ids = shared.clone();
+            cache.current.insert(key, Checkpoint { ids, len });
+        }
+    }
+}
+
+/// Tokenizes segments `from..` of `text` (cut at `cuts`) onto `ids`,
+/// special tokens only on segment 0; `None` if the tokenizer fails.
+fn encode_segments(
+    tokenizer: &Tokenizer,
+    text: &str,
+    cuts: &[usize],
+    from: usize,
+    ids: Vec<u32>,
+) -> Option<Vec<u32>> {
+    encode_segments_recording(tokenizer, text, cuts, from, ids, &mut Vec::new())
+}
+
+/// [`encode_segments`], pushing onto `ends` the id count after each
+/// segment it tokenizes.
+fn encode_segments_recording(
+    tokenizer: &Tokenizer,
+    text: &str,
+    cuts: &[usize],
+    from: usize,
+    mut ids: Vec<u32>,
+    ends: &mut Vec<usize>,
+) -> Option<Vec<u32>> {
+    let starts = std::iter::once(0).chain(cuts.iter().copied());
+    let stops = cuts.iter().copied().chain(std::iter::once(text.len()));
+    for (k, (start, stop)) in starts.zip(stops).enumerate().skip(from) {
+        let segment = text.get(start..stop)?;
+        let encoding = tokenizer.encode_fast(segment, k == 0).ok()?;
+        ids.extend_from_slice(encoding.get_ids());
+        ends.push(ids.len());
+    }
+    Some(ids)
+}
+
+/// The texts [`Segmenter::check`] compares on: long enough to be cut
+/// several times, and varied in what sits around the cuts.
+fn check_texts() -> Vec<String> {
+    let pieces = [
+        "the quick brown fox jumps over the lazy dog",
+        "fn main() { let x = vec![1, 2, 3]; println!(\"{x:?}\"); }",
+        "Prices rose 12.5% to $1,024.00 in Q3 2025 (up from 987)",
+        "well...   spaced    out\ttabs\tand  double  spaces",
+        "line one\nline two\r\nline three\n\n  indented line",
+        "Ünïcödé naïve café — 日本語のテキスト 中文 emoji 🙂 done",
+        "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\nhi",
+        "CamelCaseWords and snake_case_words and kebab-case-words",
+        "'s 't 're 've 'm 'll 'd quotes \"double\" and 'single'",
+        "a b c d e f g h i j k l m n o p q r s t u v w x y z",
+    ];
+    (0..pieces.len())
+        .map(|rotate| {
+            let mut text = String::new();
+            let mut i = rotate;
+            while text.len() < 20 * SEGMENT_BYTES {
+                text.push_str(pieces[i % pieces.len()]);
+                text.push(if i % 3 == 0 { '\n' } else { ' ' });
+                i += rotate + 1;
+            }
+            text
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "token_cache_tests.rs"]
+mod tests;

@@ -1,0 +1,211 @@
+//! Fleets that publish KV-cache events, for `precise_prefix` scenarios:
+//! every engine of the run tokenizes with one `tokenizer.json`, keeps its
+//! prefix cache in token blocks and publishes vLLM-format events on real
+//! ZMQ sockets (a PUB and a replay ROUTER per engine); `precise_prefix`
+//! replicas are told the same tokenizer and every engine's sockets.
+//!
+//! All scenarios of a run get the same engines when one of its policies
+//! needs events, so the other policies are compared on the same caches.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::bench::workload::Schedule;
+use crate::client::HttpClient;
+use crate::workload::chat;
+
+use crate::bench::trace::text::block_text;
+use crate::mock::{EngineConfig, EngineHandle, load_tokenizer, prompt_tokens_for};
+
+/// The `shoal --policy` that routes on KV events.
+pub const EVENT_POLICY: &str = "precise_prefix";
+
+/// The tokenizer the benchmark uses unless told otherwise: the test
+/// fixture (a small byte-level BPE with a ChatML template), so a clean
+/// checkout needs no download.
+pub fn fixture_tokenizer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/tokenizer/tokenizer.json")
+}
+
+/// How a run's engines publish events.
+#[derive(Debug, Clone)]
+pub struct KvEventsSetup {
+    /// The `tokenizer.json` engines and replicas share.
+    pub tokenizer: PathBuf,
+    /// Tokenizer tokens per timing-model token on the benchmark's prompt
+    /// text (the timing model counts chars / 4): the token-block cache is
+    /// given this many times the tokens, so it holds as much prompt text as
+    /// the character-block cache of the other runs.
+    pub tokens_per_model_token: f64,
+}
+
+impl KvEventsSetup {
+    /// Loads `tokenizer` and measures its tokens per timing-model token on
+    /// the trace prompt text; the error names the file.
+    pub fn new(tokenizer: &Path) -> Result<Self, String> {
+        let tok = load_tokenizer(tokenizer)?;
+        let (mut tokens, mut model) = (0u64, 0u64);
+        for id in 0..16 {
+            let text = block_text(id, 2048);
+            let enc = tok
+                .encode(text.as_str(), true)
+                .map_err(|e| format!("{}: cannot tokenize: {e}", tokenizer.display()))?;
+            tokens += enc.get_ids().len() as u64;
+            model += prompt_tokens_for(&text);
+        }
+        Ok(Self {
+            tokenizer: tokenizer.to_path_buf(),
+            tokens_per_model_token: tokens as f64 / model.max(1) as f64,
+        })
+    }
+
+    /// `base` with the tokenizer, token-block cache (scaled to hold the
+    /// same text) and event sockets on free ports.
+    pub fn engine(&self, base: EngineConfig) -> EngineConfig {
+        let scale = self.tokens_per_model_token.clamp(0.1, 64.0);
+        EngineConfig {
+            tokenizer: Some(self.tokenizer.clone()),
+            kv_events_port: Some(0),
+            kv_events_replay_port: Some(0),
+            prefix_cache_tokens: (base.prefix_cache_tokens as f64 * scale).round() as u64,
+            ..base
+        }
+    }
+
+    /// The replica flags that point `precise_prefix` at the tokenizer and
+    /// at every engine's event and replay sockets.
+    pub fn replica_args(&self, engines: &[EngineHandle]) -> Vec<String> {
+        let mut args = vec![
+            "--kv-tokenizer".to_string(),
+            self.tokenizer.display().to_string(),
+        ];
+        for engine in engines {
+            let Some(kv) = engine.kv_events() else {
+                continue;
+            };
+            let mut endpoint = format!("{}={}", engine.url(), kv.endpoint);
+            if let Some(replay) = &kv.replay_endpoint {
+                endpoint.push('|');
+                endpoint.push_str(replay);
+            }
+            args.extend(["--kv-events-endpoint".to_string(), endpoint]);
+        }
+        args
+    }
+}
+
+/// What the engines published during a scenario and what that makes for
+/// the replicas, each of which subscribes to every engine: batches and
+/// payload bytes per second over the fleet, and received per replica.
+pub fn traffic_line(engines: &[EngineHandle], replicas: usize, secs: f64) -> String {
+    let (mut batches, mut bytes) = (0u64, 0u64);
+    for engine in engines {
+        if let Some(stats) = engine.engine().kv_stats() {
+            batches += stats.published_batches;
+            bytes += stats.published_payload_bytes;
+        }
+    }
+    let secs = secs.max(1e-9);
+    format!(
+        "    KV events: {:.0} batches/s, {:.0} KB/s of msgpack published by {} engines; \
+         each of {replicas} replicas receives all of it ({:.0} KB/s over the fleet)",
+        batches as f64 / secs,
+        bytes as f64 / secs / 1e3,
+        engines.len(),
+        (bytes as f64 * replicas as f64) / secs / 1e3,
+    )
+}
+
+/// How often the replicas named the same engine when asked together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Agreement {
+    /// Requests every replica was asked about (and all answered).
+    pub asked: u64,
+    /// Of those, the ones every replica gave the same engine for.
+    pub agreed: u64,
+}
+
+impl Agreement {
+    /// The line the bench prints.
+    pub fn line(&self) -> String {
+        let share = 100.0 * self.agreed as f64 / self.asked.max(1) as f64;
+        format!(
+            "    agreement: {} of {} requests ({share:.1} %) got the same engine from every replica \
+             (POST /debug/route to all at once, during the load)",
+            self.agreed, self.asked
+        )
+    }
+}
+
+/// Every `every`, until `stop` (at most `max` times), asks every replica
+/// with `POST /debug/route` where it would send the next request of
+/// `schedule` (the one due after now, measured from `started`) and counts
+/// whether they all name the same engine.
+pub async fn probe_agreement(
+    replicas: Vec<String>,
+    schedule: Arc<Schedule>,
+    started: Instant,
+    every: Duration,
+    max: u64,
+    stop: Arc<AtomicBool>,
+) -> Agreement {
+    let client = HttpClient::new();
+    let mut out = Agreement::default();
+    for _ in 0..max {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        tokio::time::sleep(every).await;
+        let now = started.elapsed();
+        let Some(next) = schedule.arrivals.iter().find(|a| a.at >= now) else {
+            break;
+        };
+        let body = chat(&schedule.prompt(next), next.max_tokens, true);
+        let asks = replicas.iter().map(|r| {
+            let (client, body) = (client.clone(), body.clone());
+            let url = format!("{r}/debug/route");
+            async move {
+                let answer = client.post_json(&url, &body).await.ok()?;
+                let json = answer.json().ok()?;
+                json["worker"].as_str().map(String::from)
+            }
+        });
+        let picks: Option<Vec<String>> = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .collect();
+        if let Some(picks) = picks {
+            out.asked += 1;
+            if picks.windows(2).all(|w| w[0] == w[1]) {
+                out.agreed += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fixture_is_measured_and_scales_the_cache_to_the_same_text() {
+        let kv = KvEventsSetup::new(&fixture_tokenizer()).unwrap();
+        // Lowercase pseudo-words: the small fixture vocabulary spends
+        // between one and four tokens per four characters.
+        assert!(
+            (1.0..=4.5).contains(&kv.tokens_per_model_token),
+            "{}",
+            kv.tokens_per_model_token
+        );
+        let cfg = kv.engine(EngineConfig::default());
+        assert!(cfg.tokenizer.is_some() && cfg.kv_events_port == Some(0));
+        let want = 65_536.0 * kv.tokens_per_model_token;
+        assert!((cfg.prefix_cache_tokens as f64 - want).abs() <= 1.0);
+        assert!(cfg.validate().is_ok());
+        let err = KvEventsSetup::new(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+        assert!(err.contains("/nonexistent/tokenizer.json"), "{err}");
+    }
+}
