@@ -39,7 +39,7 @@ fn tokenizer_path() -> PathBuf {
 }
 
 fn tokenizers() -> Tokenizers {
-    Tokenizers::load(&[(None, tokenizer_path())]).unwrap()
+    Tokenizers::load(&[(None, tokenizer_path())], &[]).unwrap()
 }
 
 /// A prompt of about 8k tokens: a shared 2k-token system part, then a
@@ -188,6 +188,54 @@ fn tokenize_8k_later_turn(bencher: Bencher) {
             later_turn(turn)
         })
         .bench_local_refs(|text| black_box(tokens.encode(None, text)));
+}
+
+fn chat_template_path() -> PathBuf {
+    tokenizer_path().with_file_name("chat_template.jinja")
+}
+
+/// A later turn of the conversation as a chat body: a system message, the
+/// history as the first user message, an answer and ~200 new tokens.
+fn chat_later_turn(turn: u64) -> RequestInfo {
+    let body = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": prompt_text(1)},
+        {"role": "assistant", "content": "tok tok tok tok"},
+        {"role": "user", "content": format!("question {turn} asks about the {} router", turn * 7919)},
+    ]});
+    shoal::request::inspect(body.to_string().as_bytes(), Some(1 << 20)).unwrap()
+}
+
+#[divan::bench(sample_count = 50)]
+fn chat_template_render_8k(bencher: Bencher) {
+    use shoal::kv_events::chat_template::{ChatTemplate, TemplateMessage};
+    let template = ChatTemplate::load(&chat_template_path()).unwrap();
+    let history = prompt_text(1);
+    let messages = [
+        TemplateMessage {
+            role: "system",
+            content: "You are terse.",
+        },
+        TemplateMessage {
+            role: "user",
+            content: &history,
+        },
+    ];
+    bencher.bench_local(|| black_box(template.render(black_box(&messages))));
+}
+
+#[divan::bench(sample_count = 50)]
+fn chat_later_turn_template_and_tokenize(bencher: Bencher) {
+    let tokens =
+        Tokenizers::load(&[(None, tokenizer_path())], &[(None, chat_template_path())]).unwrap();
+    tokens.encode_request(&chat_later_turn(0)).unwrap();
+    let mut turn = 0;
+    bencher
+        .with_inputs(|| {
+            turn += 1;
+            chat_later_turn(turn)
+        })
+        .bench_local_refs(|request| black_box(tokens.encode_request(request)));
 }
 
 #[divan::bench(sample_count = 50)]

@@ -25,12 +25,22 @@ fn tokenizer() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/tokenizer/tokenizer.json")
 }
 
+fn chat_template() -> PathBuf {
+    tokenizer().with_file_name("chat_template.jinja")
+}
+
 async fn engines() -> Vec<EngineHandle> {
+    engines_with(None).await
+}
+
+/// The engines, rendering chat requests with `template` if given.
+async fn engines_with(template: Option<PathBuf>) -> Vec<EngineHandle> {
     let cfg = EngineConfig {
         flavor: Flavor::Sglang,
         tokenizer: Some(tokenizer()),
         kv_events_port: Some(0),
         kv_events_replay_port: Some(0),
+        chat_template: template,
         ..EngineConfig::default()
     };
     spawn_engines(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, ENGINES)
@@ -166,6 +176,71 @@ async fn first_turns(setup: &Setup, replica_of: impl Fn(usize) -> usize) -> Vec<
         homes.push(answer.header("x-shoal-worker").unwrap().to_string());
     }
     homes
+}
+
+/// A conversation of family `f` as chat messages: a system prompt, the
+/// history as the first user turn and, for a later turn, the assistant's
+/// answer and a new question.
+fn conversation(f: u64, later: bool) -> Value {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are terse."}),
+        serde_json::json!({"role": "user", "content": history(f)}),
+    ];
+    if later {
+        messages.push(serde_json::json!({"role": "assistant", "content": "tok tok tok tok"}));
+        messages.push(serde_json::json!({"role": "user", "content": text(8000 + f, 200)}));
+    }
+    serde_json::json!({"model": shoal_tests::mock::DEFAULT_MODEL, "messages": messages, "max_tokens": 4})
+}
+
+#[tokio::test]
+async fn chat_requests_rendered_with_the_engines_template_match_their_cache() {
+    fleet_support::run_for(Duration::from_secs(90), async {
+        // The engines render chat with a ChatML template, as vLLM would:
+        // their blocks begin with role markers no message content holds.
+        let engines = engines_with(Some(chat_template())).await;
+        let mut args = args(&engines);
+        args.extend([
+            "--kv-chat-template".into(),
+            chat_template().display().to_string(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let setup = start(engines, &[0, 1, 2, 3], true, &args).await;
+        let families = 6;
+        let mut homes = Vec::new();
+        for f in 0..families {
+            let url = format!("{}/v1/chat/completions", setup.fleet.url(0));
+            let answer = setup
+                .client
+                .post_json(&url, &conversation(f, false))
+                .await
+                .unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            homes.push(answer.header("x-shoal-worker").unwrap().to_string());
+        }
+        for f in 0..families {
+            let later = conversation(f, true);
+            let home = &homes[f as usize];
+            // The history is ~1,500 characters: several 16-token blocks of
+            // it, behind the template's markers, must be found on its home.
+            wait_for(
+                "the home engine's events",
+                Duration::from_secs(10),
+                async || (home_blocks(&setup, 1, &later, home).await >= 8).then_some(()),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let url = format!("{}/v1/chat/completions", setup.fleet.url(1));
+            let answer = setup.client.post_json(&url, &later).await.unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert_eq!(
+                answer.header("x-shoal-worker"),
+                Some(home.as_str()),
+                "family {f}"
+            );
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -43,6 +43,15 @@ pub struct KvEventsConfig {
     )]
     pub kv_tokenizer: Vec<String>,
 
+    /// precise_prefix: the chat template chat requests are rendered with before tokenizing, as the engine renders them: a tokenizer_config.json (its chat_template, bos/eos tokens) or a Jinja file, as `PATH` (every model) or `MODEL=PATH`; repeatable. Unset: message contents are tokenized as they are (matches an engine only for completions).
+    #[arg(
+        long,
+        env = "SHOAL_KV_CHAT_TEMPLATE",
+        value_delimiter = ',',
+        value_name = "[MODEL=]PATH"
+    )]
+    pub kv_chat_template: Vec<String>,
+
     /// precise_prefix: blocks the index keeps per engine rank; past it new blocks are not indexed (counted).
     #[arg(long, env = "SHOAL_KV_INDEX_MAX_BLOCKS_PER_ENGINE", default_value_t = defaults::KV_INDEX_MAX_BLOCKS_PER_ENGINE, value_parser = parsers::positive_usize)]
     pub kv_index_max_blocks_per_engine: usize,
@@ -64,14 +73,24 @@ impl KvEventsConfig {
 
     /// The tokenizer files by model (`None`: the one for every model).
     pub fn tokenizers(&self) -> Vec<(Option<String>, PathBuf)> {
-        self.kv_tokenizer
-            .iter()
-            .map(|entry| match entry.split_once('=') {
-                Some((model, path)) => (Some(model.to_string()), PathBuf::from(path)),
-                None => (None, PathBuf::from(entry)),
-            })
-            .collect()
+        by_model(&self.kv_tokenizer)
     }
+
+    /// The chat template files by model (`None`: the one for every model).
+    pub fn chat_templates(&self) -> Vec<(Option<String>, PathBuf)> {
+        by_model(&self.kv_chat_template)
+    }
+}
+
+/// `[MODEL=]PATH` entries as (model, path).
+fn by_model(entries: &[String]) -> Vec<(Option<String>, PathBuf)> {
+    entries
+        .iter()
+        .map(|entry| match entry.split_once('=') {
+            Some((model, path)) => (Some(model.to_string()), PathBuf::from(path)),
+            None => (None, PathBuf::from(entry)),
+        })
+        .collect()
 }
 
 impl Default for KvEventsConfig {
@@ -84,6 +103,7 @@ impl Default for KvEventsConfig {
             kv_events_dp_ranks: defaults::KV_EVENTS_DP_RANKS,
             kv_block_size: defaults::KV_BLOCK_SIZE,
             kv_tokenizer: Vec::new(),
+            kv_chat_template: Vec::new(),
             kv_index_max_blocks_per_engine: defaults::KV_INDEX_MAX_BLOCKS_PER_ENGINE,
             precise_prefix_epsilon: defaults::PRECISE_PREFIX_EPSILON,
             precise_prefix_cache_weight: defaults::PRECISE_PREFIX_CACHE_WEIGHT,

@@ -20,6 +20,7 @@
 //! is registered.
 
 pub mod chain;
+pub mod chat_template;
 pub mod holders;
 pub mod index;
 pub mod sequence;
@@ -73,10 +74,11 @@ impl KvEvents {
     /// leave it without any, and [`KvEvents::load_error`] says why (the
     /// replica refuses to start; a reload keeps the running policy).
     pub fn new(config: KvEventsConfig) -> Self {
-        let (tokenizers, load_error) = match Tokenizers::load(&config.tokenizers()) {
-            Ok(tokenizers) => (tokenizers, None),
-            Err(e) => (Tokenizers::default(), Some(e)),
-        };
+        let (tokenizers, load_error) =
+            match Tokenizers::load(&config.tokenizers(), &config.chat_templates()) {
+                Ok(tokenizers) => (tokenizers, None),
+                Err(e) => (Tokenizers::default(), Some(e)),
+            };
         Self {
             load_error,
             index: Arc::new(RwLock::new(KvIndex::new(
@@ -149,8 +151,7 @@ impl KvEvents {
     /// tokens, or `None` when no tokenizer serves its model or it has no
     /// text.
     pub fn prompt_blocks(&self, request: &RequestInfo) -> Option<PromptBlocks> {
-        let text = request.text.as_deref()?;
-        let ids = self.tokenizers.encode(request.model.as_deref(), text)?;
+        let ids = self.tokenizers.encode_request(request)?;
         let size = self.config.kv_block_size;
         let hashes = chain::blocks(chain::seed(None), &ids, size);
         let parent = hashes.last().copied().unwrap_or(chain::seed(None));

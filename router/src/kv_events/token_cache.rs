@@ -143,10 +143,16 @@ impl Segmenter {
     /// request's are), reusing the longest cached prefix; `None` if the
     /// tokenizer fails.
     pub fn encode(&self, text: &str) -> Option<Vec<u32>> {
+        self.encode_with(text, true)
+    }
+
+    /// [`Segmenter::encode`], adding the tokenizer's special tokens only
+    /// when `special` (a rendered chat template writes its own).
+    pub fn encode_with(&self, text: &str, special: bool) -> Option<Vec<u32>> {
         if !self.exact {
             return self
                 .tokenizer
-                .encode_fast(text, true)
+                .encode_fast(text, special)
                 .ok()
                 .map(|e| e.get_ids().to_vec());
         }
@@ -154,7 +160,8 @@ impl Segmenter {
         // keys[k]: the text before cut k (the last key is the whole text).
         let mut keys = Vec::with_capacity(cuts.len() + 1);
         let mut start = 0;
-        let mut h = 0x544f_4b43_4143_4845; // "TOKCACHE"
+        // "TOKCACHE", apart for texts tokenized without special tokens.
+        let mut h = 0x544f_4b43_4143_4845 ^ u64::from(!special);
         for &end in cuts.iter().chain(std::iter::once(&text.len())) {
             h = hash_bytes(h, &text.as_bytes()[start..end]);
             keys.push(h);
@@ -182,7 +189,17 @@ impl Segmenter {
         if let Some(last) = ends.last_mut() {
             *last = ids.len();
         }
-        ids = encode_segments_recording(&self.tokenizer, text, &cuts, done, ids, &mut ends)?;
+        ids = encode_segments_recording(
+            &self.tokenizer,
+            Segments {
+                text,
+                cuts: &cuts,
+                special,
+            },
+            done,
+            ids,
+            &mut ends,
+        )?;
         self.remember(&keys, &ends, done.saturating_sub(1), &ids);
         Some(ids)
     }
@@ -207,6 +224,15 @@ impl Segmenter {
     }
 }
 
+/// A text cut into segments, and whether its first segment gets the
+/// tokenizer's special tokens.
+#[derive(Clone, Copy)]
+struct Segments<'a> {
+    text: &'a str,
+    cuts: &'a [usize],
+    special: bool,
+}
+
 /// Tokenizes segments `from..` of `text` (cut at `cuts`) onto `ids`,
 /// special tokens only on segment 0; `None` if the tokenizer fails.
 fn encode_segments(
@@ -216,15 +242,23 @@ fn encode_segments(
     from: usize,
     ids: Vec<u32>,
 ) -> Option<Vec<u32>> {
-    encode_segments_recording(tokenizer, text, cuts, from, ids, &mut Vec::new())
+    let segments = Segments {
+        text,
+        cuts,
+        special: true,
+    };
+    encode_segments_recording(tokenizer, segments, from, ids, &mut Vec::new())
 }
 
 /// [`encode_segments`], pushing onto `ends` the id count after each
 /// segment it tokenizes.
 fn encode_segments_recording(
     tokenizer: &Tokenizer,
-    text: &str,
-    cuts: &[usize],
+    Segments {
+        text,
+        cuts,
+        special,
+    }: Segments<'_>,
     from: usize,
     mut ids: Vec<u32>,
     ends: &mut Vec<usize>,
@@ -233,7 +267,7 @@ fn encode_segments_recording(
     let stops = cuts.iter().copied().chain(std::iter::once(text.len()));
     for (k, (start, stop)) in starts.zip(stops).enumerate().skip(from) {
         let segment = text.get(start..stop)?;
-        let encoding = tokenizer.encode_fast(segment, k == 0).ok()?;
+        let encoding = tokenizer.encode_fast(segment, special && k == 0).ok()?;
         ids.extend_from_slice(encoding.get_ids());
         ends.push(ids.len());
     }

@@ -2,15 +2,16 @@
 //! (`tokenizer.json`), so they split into the same blocks the engine
 //! caches.
 //!
-//! The router tokenizes the prompt text it extracted (message contents
-//! joined by newlines, or the completion prompt), adding the tokenizer's
-//! special tokens as a completion request does, through each tokenizer's
-//! prefix cache (`token_cache`), so a conversation's later turns tokenize
-//! only their new text. Chat templates are not
-//! applied yet: against a real engine serving chat, the first block then
-//! differs from the engine's (its template's role markers) and such
-//! requests match nothing — they are routed as unmatched prompts, which is
-//! the fallback, never a wrong claim.
+//! A completion's prompt is tokenized with the tokenizer's special tokens
+//! added, as the engine adds them. A chat request is rendered with the
+//! model's chat template (`--kv-chat-template`, `chat_template`) and the
+//! result tokenized without them, as vLLM and SGLang do; without a
+//! template its message contents are tokenized joined by newlines, which
+//! against a real engine matches nothing (the template's role markers
+//! start the engine's first block), so such requests are routed as
+//! unmatched prompts — the fallback, never a wrong claim. Either way
+//! through each tokenizer's prefix cache (`token_cache`), so a
+//! conversation's later turns tokenize only their new text.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -18,26 +19,46 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+use super::chat_template::{ChatTemplate, TemplateMessage};
 use super::token_cache::Segmenter;
 use crate::config::defaults::KV_TOKEN_CACHE_BYTES;
+use crate::request::RequestInfo;
 
-/// The tokenizers by model name; `None` is the one for every other model.
+/// The tokenizers and chat templates by model name; `None` is the one for
+/// every other model.
 #[derive(Default, Clone)]
 pub struct Tokenizers {
     by_model: HashMap<Option<String>, Arc<Segmenter>>,
+    templates: HashMap<Option<String>, Arc<ChatTemplate>>,
 }
 
 impl std::fmt::Debug for Tokenizers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizers")
             .field("models", &self.by_model.keys().collect::<Vec<_>>())
+            .field("templates", &self.templates.keys().collect::<Vec<_>>())
             .finish()
     }
 }
 
+/// `model`'s own entry in `map`, else the one for every model.
+fn for_model<'a, T>(map: &'a HashMap<Option<String>, T>, model: Option<&str>) -> Option<&'a T> {
+    model
+        .and_then(|m| map.get(&Some(m.to_string())))
+        .or_else(|| map.get(&None))
+}
+
 impl Tokenizers {
-    /// Loads each `(model, path)`; the error names the file and why.
-    pub fn load(entries: &[(Option<String>, PathBuf)]) -> Result<Self, String> {
+    /// Loads each `(model, path)` tokenizer and chat template; the error
+    /// names the flag, the file and why.
+    pub fn load(
+        entries: &[(Option<String>, PathBuf)],
+        templates: &[(Option<String>, PathBuf)],
+    ) -> Result<Self, String> {
+        let mut loaded = HashMap::new();
+        for (model, path) in templates {
+            loaded.insert(model.clone(), Arc::new(ChatTemplate::load(path)?));
+        }
         let mut by_model = HashMap::new();
         for (model, path) in entries {
             let tokenizer = Tokenizer::from_file(path)
@@ -52,7 +73,10 @@ impl Tokenizers {
             }
             by_model.insert(model.clone(), Arc::new(segmenter));
         }
-        Ok(Self { by_model })
+        Ok(Self {
+            by_model,
+            templates: loaded,
+        })
     }
 
     /// Whether no tokenizer is configured.
@@ -63,10 +87,38 @@ impl Tokenizers {
     /// The token ids of `text` for `model` (its own tokenizer, else the
     /// default one), or `None` without a tokenizer or when encoding fails.
     pub fn encode(&self, model: Option<&str>, text: &str) -> Option<Vec<u32>> {
-        let tokenizer = model
-            .and_then(|m| self.by_model.get(&Some(m.to_string())))
-            .or_else(|| self.by_model.get(&None))?;
-        tokenizer.encode(text)
+        for_model(&self.by_model, model)?.encode(text)
+    }
+
+    /// The token ids the engine computes for `request`: a chat request
+    /// through its model's chat template when one is configured, else its
+    /// text as [`Tokenizers::encode`]; `None` without a tokenizer or text,
+    /// or when rendering or encoding fails (the request then matches
+    /// nothing and is routed as an unseen prompt).
+    pub fn encode_request(&self, request: &RequestInfo) -> Option<Vec<u32>> {
+        let model = request.model.as_deref();
+        let text = request.text.as_deref()?;
+        let tokenizer = for_model(&self.by_model, model)?;
+        let Some(template) =
+            for_model(&self.templates, model).filter(|_| !request.turns.is_empty())
+        else {
+            return tokenizer.encode(text);
+        };
+        let messages: Vec<TemplateMessage<'_>> = request
+            .turns
+            .iter()
+            .map(|turn| TemplateMessage {
+                role: turn.role.as_deref().unwrap_or("user"),
+                content: text.get(turn.content.clone()).unwrap_or_default(),
+            })
+            .collect();
+        match template.render(&messages) {
+            Ok(rendered) => tokenizer.encode_with(&rendered, false),
+            Err(e) => {
+                tracing::debug!(error = %e, "the chat template failed on a request");
+                None
+            }
+        }
     }
 }
 
@@ -80,19 +132,48 @@ mod tests {
 
     #[test]
     fn a_model_uses_its_tokenizer_or_the_default() {
-        let tokenizers = Tokenizers::load(&[(None, fixture())]).unwrap();
+        let tokenizers = Tokenizers::load(&[(None, fixture())], &[]).unwrap();
         let ids = tokenizers.encode(Some("any"), "hello world").unwrap();
         assert!(!ids.is_empty());
         assert_eq!(tokenizers.encode(None, "hello world"), Some(ids));
-        let only_a = Tokenizers::load(&[(Some("a".into()), fixture())]).unwrap();
+        let only_a = Tokenizers::load(&[(Some("a".into()), fixture())], &[]).unwrap();
         assert!(only_a.encode(Some("a"), "x").is_some());
         assert!(only_a.encode(Some("b"), "x").is_none());
     }
 
     #[test]
+    fn a_chat_request_is_tokenized_through_its_template_without_added_special_tokens() {
+        let template = fixture().with_file_name("chat_template.jinja");
+        let tokenizers = Tokenizers::load(&[(None, fixture())], &[(None, template)]).unwrap();
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"be brief"},
+            {"role":"user","content":"hello there"}]}"#;
+        let request = crate::request::inspect(body, Some(1 << 16)).unwrap();
+        let rendered = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello \
+                        there<|im_end|>\n<|im_start|>assistant\n";
+        let tokenizer = Tokenizer::from_file(fixture()).unwrap();
+        let want = tokenizer.encode_fast(rendered, false).unwrap();
+        assert_eq!(
+            tokenizers.encode_request(&request),
+            Some(want.get_ids().to_vec())
+        );
+        // A completion is its text with the special tokens added.
+        let completion = crate::request::inspect(br#"{"prompt":"hello there"}"#, Some(64)).unwrap();
+        assert_eq!(
+            tokenizers.encode_request(&completion),
+            tokenizers.encode(None, "hello there")
+        );
+        // Without a template, a chat request is its contents as they are.
+        let plain = Tokenizers::load(&[(None, fixture())], &[]).unwrap();
+        assert_eq!(
+            plain.encode_request(&request),
+            plain.encode(None, "be brief\nhello there")
+        );
+    }
+
+    #[test]
     fn a_bad_file_is_an_error_naming_it() {
-        let err =
-            Tokenizers::load(&[(None, PathBuf::from("/nonexistent/tokenizer.json"))]).unwrap_err();
+        let err = Tokenizers::load(&[(None, PathBuf::from("/nonexistent/tokenizer.json"))], &[])
+            .unwrap_err();
         assert!(
             err.contains("--kv-tokenizer /nonexistent/tokenizer.json"),
             "{err}"

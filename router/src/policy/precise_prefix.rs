@@ -20,7 +20,8 @@
 //! Lowest score wins, among the candidates inside `prefix_affinity`'s
 //! bounded-load guard (wait and fleet in-flight requests within `1 + ε` of
 //! the mean): a hot prefix spreads to more engines instead of piling onto
-//! one. Outside the guard, or when nobody caches anything, least_load.
+//! one. Outside the guard, least_load; when nobody caches anything, the
+//! near-tie rule below picks among the least loaded.
 //!
 //! A worker whose event stream cannot be trusted (no events configured,
 //! not connected, a gap not repaired) is scored as `prefix_affinity` would
@@ -28,10 +29,11 @@
 //! affinity key is credited with that key's prefix. The fallback is per
 //! worker: one engine without events never turns the index off for the rest.
 //!
-//! Near-ties go to the prompt's rendezvous choice, not to a coin: among
-//! the candidates caching at least as much as the best and scoring within
-//! the request's own work of it, the highest rendezvous weight of the
-//! whole prompt's hash wins. Every replica asked about one request gives
+//! Near-ties are settled by the cache, then by the prompt's rendezvous
+//! choice, not by a coin: among the candidates scoring within a few times
+//! the request's own work of the best, the one caching the most wins, and
+//! among equal caches the highest rendezvous weight of the whole prompt's
+//! hash. Every replica asked about one request gives
 //! the same answer, and different requests arriving together at several
 //! replicas spread over the near-equal engines instead of herding onto the
 //! single lowest score (which the mesh would only show them after its lag).
@@ -42,7 +44,9 @@ use std::sync::Arc;
 use super::least_load::{LeastLoadPolicy, Scores};
 use super::prefix_affinity::{BLOCK_BYTES, LoadBound, affinity_key, rendezvous_weight};
 use super::{Policy, pick};
-use crate::config::defaults::{CHARS_PER_TOKEN, PRECISE_PREFIX_MAX_PROMPT_BYTES};
+use crate::config::defaults::{
+    CHARS_PER_TOKEN, PRECISE_PREFIX_MAX_PROMPT_BYTES, PRECISE_PREFIX_NEAR_TIE_WORK,
+};
 use crate::config::{KvEventsConfig, LeastLoadConfig, PrefixAffinityConfig, RoutingConfig};
 use crate::fleet::FleetView;
 use crate::kv_events::{KvEvents, PromptBlocks};
@@ -148,9 +152,6 @@ impl Policy for PrecisePrefixPolicy {
             return least();
         };
         let cached = self.cached_tokens(candidates, request, &blocks);
-        if cached.iter().all(|c| *c == 0) {
-            return least();
-        }
         let weight = self.cache_weight.get();
         let admitted: Vec<(usize, f64)> = (0..candidates.len())
             .filter(|&i| bound.admits(scores.values[i], scores.requests[i]))
@@ -160,19 +161,27 @@ impl Policy for PrecisePrefixPolicy {
         let Some(&(top, top_score)) = admitted.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
             return least();
         };
-        // Near-equals: caching at least as much as the best, and scoring
-        // within this request's own work of it (adding the request to any
-        // of them leaves them about as good). Among them the prompt's own
-        // rendezvous choice wins: every replica asked about one request
-        // names the same worker, but requests arriving together at several
-        // replicas (before the mesh carries their bookings) spread instead
-        // of all taking the one lowest score.
-        let slack = own.max(0.0);
+        // Near-equals: every admitted worker scoring within a few times this
+        // request's own work of the best (one booking the mesh has not yet
+        // carried moves a score by about that much, so a narrower band
+        // flips with the replica asked). Among them the one caching the most wins,
+        // and among equal caches the prompt's own rendezvous choice: a
+        // small change in one replica's load view moves the band's edge,
+        // not its answer, so every replica asked about one request names
+        // the same worker; and requests arriving together at several
+        // replicas (before the mesh carries their bookings) spread by
+        // their own hashes instead of all taking the one lowest score.
+        let slack = own.max(0.0) * PRECISE_PREFIX_NEAR_TIE_WORK;
         let spread_key = blocks.whole;
         admitted
             .iter()
-            .filter(|(i, score)| cached[*i] >= cached[top] && *score <= top_score + slack)
-            .max_by_key(|(i, _)| rendezvous_weight(spread_key, candidates[*i].url_hash()))
+            .filter(|(_, score)| *score <= top_score + slack)
+            .max_by_key(|(i, _)| {
+                (
+                    cached[*i],
+                    rendezvous_weight(spread_key, candidates[*i].url_hash()),
+                )
+            })
             .map(|(i, _)| *i)
             .or(Some(top))
     }

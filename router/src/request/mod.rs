@@ -21,6 +21,7 @@ use crate::config::defaults::CHARS_PER_TOKEN;
 
 pub use multipart::{boundary as multipart_boundary, field as multipart_field};
 pub use route::{BodyKind, Route, Work};
+pub use scan::Turn;
 
 /// What a policy may use about the request being routed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,6 +34,9 @@ pub struct RequestInfo {
     pub stream: bool,
     /// The prompt text, only filled when the policy asks for it.
     pub text: Option<String>,
+    /// A chat request's messages as `text` holds them (role and content
+    /// range), with `text`: what a chat template is rendered from.
+    pub turns: Vec<Turn>,
     /// The model asked for (`model`), if the request names one.
     pub model: Option<String>,
     /// The request runs no model (tokenizing): booked as one request with
@@ -87,6 +91,7 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
         max_output_tokens: max_tokens.or(max_completion_tokens).or(max_new_tokens),
         stream: scanned.stream.unwrap_or(false),
         text: scanned.text,
+        turns: scanned.turns,
         model: scanned.model,
         free: false,
         builds_on,

@@ -43,7 +43,20 @@ pub struct Scanned {
     /// A field the router reads had an unexpected type, or the body is not
     /// an object.
     pub odd: bool,
+    /// Each of `messages`, in order, when text is kept: its role and where
+    /// its content sits in `text`.
+    pub turns: Vec<Turn>,
     text_limit: usize,
+}
+
+/// One chat message as [`Scanned::text`] holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// `role`, when a string.
+    pub role: Option<String>,
+    /// The byte range of its content (text parts joined by `\n`) in the
+    /// kept text; cut short, or empty, past the text limit.
+    pub content: std::ops::Range<usize>,
 }
 
 /// Reads `body`, keeping up to `text_limit` bytes of prompt text when
@@ -113,6 +126,7 @@ enum Key {
     MaxNewTokens,
     Stream,
     Content,
+    Role,
     /// `previous_response_id`, `input_file_id`: its index in
     /// [`Scanned::builds_on`].
     BuildsOn(usize),
@@ -139,6 +153,7 @@ impl<'de> de::Deserialize<'de> for Key {
                     "max_new_tokens" => Key::MaxNewTokens,
                     "stream" => Key::Stream,
                     "content" => Key::Content,
+                    "role" => Key::Role,
                     "previous_response_id" => Key::BuildsOn(0),
                     "input_file_id" => Key::BuildsOn(1),
                     _ => Key::Other,
@@ -220,7 +235,22 @@ impl Node<'_> {
                 map.next_value_seed(self.child(Place::PartText))?
             }
             (Place::Message, Key::Content) => {
+                let before = s.text.as_ref().map_or(0, String::len);
                 map.next_value_seed(self.child(Place::Prompt { top: true }))?;
+                let s = &mut *self.s;
+                let after = s.text.as_ref().map_or(0, String::len);
+                // add_str put a `\n` before the content's first part
+                // unless it came first.
+                let start = before + usize::from(before > 0 && after > before);
+                if let Some(turn) = s.turns.last_mut() {
+                    turn.content = start..after;
+                }
+            }
+            (Place::Message, Key::Role) => {
+                let role = map.next_value::<Scalar>()?.string(&mut s.odd);
+                if let Some(turn) = s.turns.last_mut() {
+                    turn.role = role;
+                }
             }
             (Place::Sampling, Key::MaxNewTokens) => {
                 s.max_tokens[2] = map.next_value::<Scalar>()?.count(&mut s.odd);
@@ -292,6 +322,9 @@ impl<'de> Visitor<'de> for Node<'_> {
         if matches!(self.at, Place::PartText | Place::Messages) {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             return self.odd();
+        }
+        if self.at == Place::Message && self.s.text.is_some() {
+            self.s.turns.push(Turn::default());
         }
         while let Some(key) = map.next_key::<Key>()? {
             self.field(key, &mut map)?;
@@ -428,6 +461,36 @@ mod tests {
         let s = scan(br#"{"prompt":["abc","def"]}"#, Some(5)).unwrap();
         assert_eq!(s.text.as_deref(), Some("abc\nd"));
         assert_eq!(head_of("abc", 10), "abc");
+    }
+
+    #[test]
+    fn each_message_keeps_its_role_and_where_its_content_is() {
+        let body = br#"{"messages":[{"content":"be brief","role":"system"},
+            {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+            {"role":"assistant","content":null},{"role":"user","content":"\nq"}]}"#;
+        let s = scan(body, Some(1024)).unwrap();
+        let text = s.text.as_deref().unwrap();
+        let turns: Vec<(Option<&str>, &str)> = s
+            .turns
+            .iter()
+            .map(|t| (t.role.as_deref(), &text[t.content.clone()]))
+            .collect();
+        assert_eq!(
+            turns,
+            [
+                (Some("system"), "be brief"),
+                (Some("user"), "a\nb"),
+                (Some("assistant"), ""),
+                (Some("user"), "\nq"),
+            ]
+        );
+        assert!(
+            scan(body, None).unwrap().turns.is_empty(),
+            "no text, no turns"
+        );
+        let cut = scan(body, Some(10)).unwrap();
+        let text = cut.text.as_deref().unwrap();
+        assert_eq!(&text[cut.turns[1].content.clone()], "a");
     }
 
     #[test]

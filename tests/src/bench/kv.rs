@@ -125,6 +125,9 @@ pub struct Agreement {
     pub asked: u64,
     /// Of those, the ones every replica gave the same engine for.
     pub agreed: u64,
+    /// Of the others, the ones whose replicas reported the same cached
+    /// prefixes (their indexes agreed; their load views did not).
+    pub same_index: u64,
 }
 
 impl Agreement {
@@ -133,8 +136,12 @@ impl Agreement {
         let share = 100.0 * self.agreed as f64 / self.asked.max(1) as f64;
         format!(
             "    agreement: {} of {} requests ({share:.1} %) got the same engine from every replica \
-             (POST /debug/route to all at once, during the load)",
-            self.agreed, self.asked
+             (POST /debug/route to all at once, during the load); of the {} others, {} had the \
+             same cached prefixes on every replica (load views differed)",
+            self.agreed,
+            self.asked,
+            self.asked - self.agreed,
+            self.same_index
         )
     }
 }
@@ -169,26 +176,68 @@ pub async fn probe_agreement(
             async move {
                 let answer = client.post_json(&url, &body).await.ok()?;
                 let json = answer.json().ok()?;
-                json["worker"].as_str().map(String::from)
+                let worker = json["worker"].as_str().map(String::from)?;
+                Some((worker, cached_prefixes(&json)))
             }
         });
-        let picks: Option<Vec<String>> = futures_util::future::join_all(asks)
+        let picks: Option<Vec<Answer>> = futures_util::future::join_all(asks)
             .await
             .into_iter()
             .collect();
         if let Some(picks) = picks {
             out.asked += 1;
-            if picks.windows(2).all(|w| w[0] == w[1]) {
+            if picks.windows(2).all(|w| w[0].0 == w[1].0) {
                 out.agreed += 1;
+            } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
+                out.same_index += 1;
             }
         }
     }
     out
 }
 
+/// One replica's dry-run answer: the engine, and the cached prefixes.
+type Answer = (String, Vec<(String, u64)>);
+
+/// A dry-run answer's cached prefixes, sorted by worker.
+fn cached_prefixes(answer: &serde_json::Value) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = answer["cached"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|c| Some((c["worker"].as_str()?.to_string(), c["blocks"].as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dry_run_answers_compare_by_their_cached_prefixes_in_any_order() {
+        let a = serde_json::json!({"worker": "w1", "cached": [
+            {"worker": "w2", "blocks": 3}, {"worker": "w1", "blocks": 5}]});
+        let b = serde_json::json!({"worker": "w2", "cached": [
+            {"worker": "w1", "blocks": 5}, {"worker": "w2", "blocks": 3}]});
+        let c = serde_json::json!({"worker": "w2"});
+        assert_eq!(cached_prefixes(&a), cached_prefixes(&b));
+        assert_eq!(cached_prefixes(&a)[0], ("w1".to_string(), 5));
+        assert!(cached_prefixes(&c).is_empty());
+        let line = Agreement {
+            asked: 10,
+            agreed: 7,
+            same_index: 2,
+        }
+        .line();
+        assert!(
+            line.contains("7 of 10") && line.contains("of the 3 others, 2"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn the_fixture_is_measured_and_scales_the_cache_to_the_same_text() {

@@ -100,6 +100,11 @@ struct Cli {
     /// Frame 0 (topic) of every event message.
     #[arg(long, default_value = "")]
     kv_events_topic: String,
+    /// A Jinja chat template (e.g. a model's chat_template saved to a file):
+    /// chat requests are rendered with it and tokenized without special
+    /// tokens, as vLLM does. Needs --tokenizer.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
 }
 
 impl Cli {
@@ -127,6 +132,7 @@ impl Cli {
             kv_events_format: self.kv_events_format,
             kv_events_buffer_steps: self.kv_events_buffer_steps,
             kv_events_topic: self.kv_events_topic.clone(),
+            chat_template: self.chat_template.clone(),
         }
     }
 }

@@ -108,6 +108,9 @@ pub struct EngineConfig {
     pub kv_events_buffer_steps: usize,
     /// Frame 0 of every event message (`--kv-events-topic`).
     pub kv_events_topic: String,
+    /// A Jinja chat template chat requests are rendered with before they
+    /// are tokenized (`--chat-template`; needs `tokenizer`), as vLLM does.
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Tokens per KV block unless told otherwise: vLLM's default `--block-size`.
@@ -146,6 +149,7 @@ impl Default for EngineConfig {
             kv_events_format: KvEventsFormat::default(),
             kv_events_buffer_steps: DEFAULT_KV_EVENTS_BUFFER_STEPS,
             kv_events_topic: String::new(),
+            chat_template: None,
         }
     }
 }
@@ -237,6 +241,11 @@ impl EngineConfig {
         if self.kv_events_port.is_some() && self.tokenizer.is_none() {
             return Err(ConfigError(
                 "--kv-events-port needs --tokenizer (events carry token ids)".to_string(),
+            ));
+        }
+        if self.chat_template.is_some() && self.tokenizer.is_none() {
+            return Err(ConfigError(
+                "--chat-template needs --tokenizer (it shapes token blocks)".to_string(),
             ));
         }
         if self.kv_events_replay_port.is_some() && self.kv_events_port.is_none() {

@@ -10,6 +10,7 @@ use tokio::sync::{Notify, watch};
 use super::config::EngineConfig;
 use super::kv_events::{KvEventsInfo, KvLink, KvStatsView};
 use super::model::{Event, Model, Submission};
+use super::requests::ParsedRequest;
 use super::snapshot::{ModelSnapshot, RequestRecord};
 use super::tokens::{Blocker, PromptBlocks};
 
@@ -114,8 +115,8 @@ impl Engine {
     }
 
     /// Cuts a prompt into prefix-cache blocks (characters or tokens).
-    pub fn prompt_blocks(&self, text: &str) -> Result<PromptBlocks, String> {
-        self.blocker.blocks(text)
+    pub fn prompt_blocks(&self, request: &ParsedRequest) -> Result<PromptBlocks, String> {
+        self.blocker.request_blocks(request)
     }
 
     /// Empties the prefix cache (`POST /reset_prefix_cache`), publishing

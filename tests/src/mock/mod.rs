@@ -37,6 +37,7 @@
 //! `POST /reset_prefix_cache` (vLLM's) and
 //! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`.
 
+mod chat_template;
 mod config;
 mod engine;
 mod formats;
@@ -51,6 +52,7 @@ mod server;
 mod snapshot;
 mod tokens;
 
+pub use chat_template::ChatTemplate;
 pub use config::{
     ConfigError, DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, DEFAULT_MODEL,
     EngineConfig, Flavor,

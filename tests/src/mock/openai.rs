@@ -133,7 +133,7 @@ async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Byt
             "context_length_exceeded",
         );
     }
-    let blocks = match engine.prompt_blocks(&req.prompt_text) {
+    let blocks = match engine.prompt_blocks(&req) {
         Ok(b) => b,
         Err(msg) => {
             engine.count_rejected();

@@ -49,6 +49,9 @@ pub struct ParsedRequest {
     pub include_usage: bool,
     /// The `model` field, if any.
     pub model: Option<String>,
+    /// A chat request's messages as (role, content): string contents, or
+    /// their text parts joined by newlines (vLLM's string content format).
+    pub messages: Vec<(String, String)>,
 }
 
 /// The text of one generated token.
@@ -104,6 +107,29 @@ fn chat_text(body: &Value) -> Result<String, String> {
         }
     }
     Ok(text)
+}
+
+/// `messages` as (role, content) pairs (chat_text has checked their shape).
+fn chat_messages(body: &Value) -> Vec<(String, String)> {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    messages
+        .iter()
+        .map(|m| {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            };
+            (role.to_string(), content)
+        })
+        .collect()
 }
 
 /// A Responses API `input` list as a chat body (`{"messages": [...]}`):
@@ -199,7 +225,12 @@ pub fn parse_request(
         }
     };
     let prompt_tokens = ids_tokens.unwrap_or_else(|| prompt_tokens_for(&prompt_text));
+    let messages = match kind {
+        ApiKind::Chat => chat_messages(&v),
+        _ => Vec::new(),
+    };
     Ok(ParsedRequest {
+        messages,
         kind,
         prompt_tokens,
         prompt_text,

@@ -9,6 +9,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::chat_template::ChatTemplate;
 use super::config::EngineConfig;
 use super::engine::{Engine, FaultMode};
 use super::http::router;
@@ -112,6 +113,10 @@ fn blocker_for(config: &EngineConfig) -> io::Result<Blocker> {
         Some(path) => Blocker::Tokens {
             tokenizer: load_tokenizer(path).map_err(invalid)?,
             block_size: config.kv_block_size,
+            chat_template: match &config.chat_template {
+                Some(path) => Some(Arc::new(ChatTemplate::load(path).map_err(invalid)?)),
+                None => None,
+            },
         },
     })
 }

@@ -10,7 +10,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::chat_template::ChatTemplate;
 use super::prefix_cache::block_hashes;
+use super::requests::ParsedRequest;
 
 /// A prompt's prefix-cache blocks and what the cache needs to account for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub enum Blocker {
         tokenizer: Arc<tokenizers::Tokenizer>,
         /// Tokens per block.
         block_size: usize,
+        /// The template chat requests are rendered with, if any.
+        chat_template: Option<Arc<ChatTemplate>>,
     },
 }
 
@@ -62,16 +66,25 @@ impl Blocker {
             Blocker::Tokens {
                 tokenizer,
                 block_size,
-            } => {
-                let enc = tokenizer
-                    .encode(text, true)
-                    .map_err(|e| format!("cannot tokenize the prompt: {e}"))?;
-                let token_ids = enc.get_ids().to_vec();
-                Ok(PromptBlocks {
-                    hashes: token_block_hashes(&token_ids, *block_size),
-                    token_ids,
-                })
+                ..
+            } => token_blocks(tokenizer, *block_size, text, true),
+        }
+    }
+
+    /// Cuts a request's prompt into blocks: a chat request through the
+    /// chat template when there is one (then without added special
+    /// tokens), anything else as [`Blocker::blocks`] of its text.
+    pub fn request_blocks(&self, request: &ParsedRequest) -> Result<PromptBlocks, String> {
+        match self {
+            Blocker::Tokens {
+                tokenizer,
+                block_size,
+                chat_template: Some(template),
+            } if !request.messages.is_empty() => {
+                let text = template.render(&request.messages)?;
+                token_blocks(tokenizer, *block_size, &text, false)
             }
+            _ => self.blocks(&request.prompt_text),
         }
     }
 
@@ -110,6 +123,23 @@ impl Blocker {
             Blocker::Tokens { block_size, .. } => Some(*block_size),
         }
     }
+}
+
+/// The token blocks of `text`, special tokens added when `special`.
+fn token_blocks(
+    tokenizer: &tokenizers::Tokenizer,
+    block_size: usize,
+    text: &str,
+    special: bool,
+) -> Result<PromptBlocks, String> {
+    let enc = tokenizer
+        .encode(text, special)
+        .map_err(|e| format!("cannot tokenize the prompt: {e}"))?;
+    let token_ids = enc.get_ids().to_vec();
+    Ok(PromptBlocks {
+        hashes: token_block_hashes(&token_ids, block_size),
+        token_ids,
+    })
 }
 
 /// The seed standing in for a missing parent block ("MOCKENG1").
@@ -154,6 +184,7 @@ mod tests {
         Blocker::Tokens {
             tokenizer: load_tokenizer(&path).unwrap(),
             block_size: 4,
+            chat_template: None,
         }
     }
 

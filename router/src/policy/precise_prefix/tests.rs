@@ -41,7 +41,7 @@ fn prompt(tag: &str) -> String {
 /// Gives `worker` a trusted stream holding the first `blocks` blocks of
 /// `text`'s tokens (as its engine's BlockStored would).
 fn engine_caches(policy: &PrecisePrefixPolicy, worker: &Worker, text: &str, blocks: usize) {
-    let ids = Tokenizers::load(&[(None, fixture())])
+    let ids = Tokenizers::load(&[(None, fixture())], &[])
         .unwrap()
         .encode(None, text)
         .unwrap();
