@@ -48,11 +48,14 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     let read = match body::read(body, declared, limits, &app.buffer_budget).await {
         Ok(read) => read,
         Err(body::Refusal::Budget(error)) => {
-            return refused(
-                record,
-                "request_buffer_full",
-                admission::reject_response(error),
-            );
+            // The body was never read, so the connection cannot carry
+            // another request: say so, or a client reuses it and its next
+            // request fails mid-send.
+            let mut response = admission::reject_response(error);
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+            return refused(record, "request_buffer_full", response);
         }
         Err(body::Refusal::Body(error)) => return record.respond(error.into_response()),
     };
@@ -61,7 +64,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let text_limit = app.policy.prompt_text_limit();
-    let info = match body::inspect(route, &read.bytes, content_type, text_limit).await {
+    let mut info = match body::inspect(route, &read.bytes, content_type, text_limit).await {
         Ok(info) => info,
         Err(error) => return record.respond(error.into_response()),
     };
@@ -79,6 +82,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     {
         let response = admission::reject_response(error);
         return refused(record, "fleet_saturated", response);
+    }
+    if let Some(kv) = app.policy.kv_events() {
+        kv.tokenize_on_engine(&mut info, &app.registry, &app.side_client)
+            .await;
     }
     let path_and_query = parts
         .uri

@@ -209,7 +209,7 @@ pub fn summary_table(rows: &[SummaryRow]) -> String {
     out
 }
 
-/// One goal of issue 15, judged on the median over seeds of a p99 ratio.
+/// One goal of the mesh's push-on-change work, judged on the median over seeds of a p99 ratio.
 #[derive(Debug, Clone, Serialize)]
 pub struct Goal {
     /// The `--policies` entry the goal is about.

@@ -1,4 +1,4 @@
-//! Memory of one `shoal` process at scale (issue 19): it routes to 1,000
+//! Memory of one `shoal` process at scale: it routes to 1,000
 //! workers (mock engines in this process), holds a 64-replica fleet view
 //! (63 mesh peers in this process, each with a booking on every worker),
 //! and carries 10,000 open streaming requests (HTTP/2 from this process,
