@@ -249,7 +249,7 @@ fn index_walk_1024(bencher: Bencher) {
     let (policy, _workers, _fleet, requests) = setup();
     let kv: Arc<KvEvents> = policy.kv_events().unwrap();
     let blocks = kv.prompt_blocks(&requests[0]).unwrap().hashes;
-    let mut out = std::collections::HashMap::new();
+    let mut out = shoal::id_hash::IdMap::default();
     bencher.bench_local(|| {
         kv.cached_blocks(black_box(&blocks), &mut out);
         black_box(out.len())

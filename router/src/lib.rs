@@ -14,6 +14,7 @@ pub mod engines;
 pub mod error;
 pub mod fleet;
 pub mod http;
+pub mod id_hash;
 pub mod kv_events;
 pub mod link;
 pub mod load;

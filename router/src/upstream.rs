@@ -126,10 +126,36 @@ pub async fn get(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
-    let uri = join(base, path).map_err(|e| FetchError::Url(e.to_string()))?;
-    let mut request = Request::get(uri)
+    let request = Request::get(join(base, path).map_err(|e| FetchError::Url(e.to_string()))?)
         .body(Full::new(Bytes::new()))
         .map_err(|e| FetchError::Url(e.to_string()))?;
+    exchange(client, request, timeout, max_bytes).await
+}
+
+/// POSTs the JSON `body` to `base + path`, as [`get`] reads the answer.
+pub async fn post_json(
+    client: &HttpClient,
+    base: &str,
+    path: &str,
+    body: Bytes,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(StatusCode, Bytes), FetchError> {
+    let request = Request::post(join(base, path).map_err(|e| FetchError::Url(e.to_string()))?)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .map_err(|e| FetchError::Url(e.to_string()))?;
+    exchange(client, request, timeout, max_bytes).await
+}
+
+/// Sends `request` with the client's `Authorization` and reads at most
+/// `max_bytes` of the answer, all within `timeout`.
+async fn exchange(
+    client: &HttpClient,
+    mut request: Request<Full<Bytes>>,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(StatusCode, Bytes), FetchError> {
     if let Some(value) = client.authorization() {
         request.headers_mut().insert(header::AUTHORIZATION, value);
     }

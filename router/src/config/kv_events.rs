@@ -52,6 +52,10 @@ pub struct KvEventsConfig {
     )]
     pub kv_chat_template: Vec<String>,
 
+    /// precise_prefix: for a model no --kv-tokenizer serves, ask one of its engines to tokenize each prompt (vLLM's POST /tokenize; chat requests as messages, so the engine applies its own chat template): exact tokens for one engine round trip per request. Off: such prompts match no cache.
+    #[arg(long, env = "SHOAL_KV_TOKENIZE_ON_ENGINE")]
+    pub kv_tokenize_on_engine: bool,
+
     /// precise_prefix: blocks the index keeps per engine rank; past it new blocks are not indexed (counted).
     #[arg(long, env = "SHOAL_KV_INDEX_MAX_BLOCKS_PER_ENGINE", default_value_t = defaults::KV_INDEX_MAX_BLOCKS_PER_ENGINE, value_parser = parsers::positive_usize)]
     pub kv_index_max_blocks_per_engine: usize,
@@ -104,6 +108,7 @@ impl Default for KvEventsConfig {
             kv_block_size: defaults::KV_BLOCK_SIZE,
             kv_tokenizer: Vec::new(),
             kv_chat_template: Vec::new(),
+            kv_tokenize_on_engine: false,
             kv_index_max_blocks_per_engine: defaults::KV_INDEX_MAX_BLOCKS_PER_ENGINE,
             precise_prefix_epsilon: defaults::PRECISE_PREFIX_EPSILON,
             precise_prefix_cache_weight: defaults::PRECISE_PREFIX_CACHE_WEIGHT,

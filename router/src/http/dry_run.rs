@@ -56,7 +56,7 @@ fn cached_prefixes(
     let Some(blocks) = kv.prompt_blocks(info) else {
         return Vec::new();
     };
-    let mut depth = std::collections::HashMap::new();
+    let mut depth = crate::id_hash::IdMap::default();
     kv.cached_blocks(&blocks.hashes, &mut depth);
     candidates
         .iter()
@@ -72,10 +72,14 @@ fn cached_prefixes(
 
 /// `POST /debug/route` with an inference request's JSON body.
 pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    let info = match request::inspect(&body, app.policy.prompt_text_limit()) {
+    let mut info = match request::inspect(&body, app.policy.prompt_text_limit()) {
         Ok(info) => info,
         Err(e) => return ApiError::bad_request("invalid_body", e.to_string()).into_response(),
     };
+    if let Some(kv) = app.policy.kv_events() {
+        kv.tokenize_on_engine(&mut info, &app.registry, &app.side_client)
+            .await;
+    }
     let serving = match app.registry.serving(info.model.as_deref()) {
         Ok(serving) => serving,
         Err(missing) => {

@@ -15,6 +15,8 @@
 //! (counted): the index then misses blocks, it never claims one wrongly.
 
 use std::collections::HashMap;
+
+use crate::id_hash::IdMap;
 use std::collections::hash_map::Entry;
 
 use super::chain;
@@ -69,9 +71,13 @@ struct Stream {
 pub struct KvIndex {
     block_size: usize,
     max_blocks_per_stream: usize,
-    streams: HashMap<StreamId, Stream>,
+    /// Keyed by router-assigned ids: the cheap hasher (one lookup per
+    /// candidate per selection).
+    streams: IdMap<StreamId, Stream>,
+    /// Keyed by Shoal's block hashes, which a client's prompt steers:
+    /// std's keyed hasher.
     holders: HashMap<u64, Holders>,
-    by_worker: HashMap<u64, Vec<StreamId>>,
+    by_worker: IdMap<u64, Vec<StreamId>>,
     next_stream: u32,
 }
 
@@ -82,9 +88,9 @@ impl KvIndex {
         Self {
             block_size: block_size.max(1),
             max_blocks_per_stream,
-            streams: HashMap::new(),
+            streams: IdMap::default(),
             holders: HashMap::new(),
-            by_worker: HashMap::new(),
+            by_worker: IdMap::default(),
             next_stream: 0,
         }
     }

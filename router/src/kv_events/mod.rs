@@ -21,6 +21,7 @@
 
 pub mod chain;
 pub mod chat_template;
+pub mod engine_tokens;
 pub mod holders;
 pub mod index;
 pub mod sequence;
@@ -35,12 +36,17 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::config::KvEventsConfig;
+use crate::id_hash::IdMap;
 use crate::request::RequestInfo;
+use crate::upstream::HttpClient;
 use crate::workers::Registry;
 
 pub use index::{Coverage, KvIndex, StreamId};
 pub use subscriber::StreamEndpoints;
 pub use tokens::Tokenizers;
+
+/// Prompt bytes that choose the engine asked to tokenize.
+const ENGINE_PICK_BYTES: usize = 256;
 
 /// How often the set of streams is matched to the registry.
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
@@ -163,6 +169,50 @@ impl KvEvents {
         })
     }
 
+    /// Fills `request.token_ids` from one of its model's engines when
+    /// `--kv-tokenize-on-engine` is set and no local tokenizer serves the
+    /// model. The engine is chosen by the prompt's opening bytes (one
+    /// conversation asks one engine; many spread); a failure is logged,
+    /// counted and leaves the request without tokens (it matches no cache).
+    pub async fn tokenize_on_engine(
+        &self,
+        request: &mut RequestInfo,
+        registry: &Registry,
+        client: &HttpClient,
+    ) {
+        let model = request.model.as_deref();
+        if !self.config.kv_tokenize_on_engine || self.tokenizers.serves(model) {
+            return;
+        }
+        let Some(text) = request.text.as_deref() else {
+            return;
+        };
+        let Ok(workers) = registry.serving(model) else {
+            return;
+        };
+        let available: Vec<&Arc<crate::workers::Worker>> =
+            workers.iter().filter(|w| w.is_available()).collect();
+        let opening = text
+            .get(..text.len().min(ENGINE_PICK_BYTES))
+            .unwrap_or(text);
+        let Some(worker) = available
+            .get((crate::workers::url_hash(opening) % available.len().max(1) as u64) as usize)
+        else {
+            return;
+        };
+        let result = match engine_tokens::tokenize_on(client, worker, request).await {
+            Ok(ids) => {
+                request.token_ids = Some(ids);
+                "ok"
+            }
+            Err(e) => {
+                tracing::debug!(worker = worker.url(), error = %e, "engine tokenize failed");
+                "error"
+            }
+        };
+        metrics::counter!("shoal_kv_engine_tokenize_total", "result" => result).increment(1);
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.config.kv_block_size
@@ -170,7 +220,7 @@ impl KvEvents {
 
     /// Each worker's cached prefix of `blocks` in blocks (the best of its
     /// ranks), for workers whose index can be routed on.
-    pub fn cached_blocks(&self, blocks: &[u64], out: &mut HashMap<u64, usize>) {
+    pub fn cached_blocks(&self, blocks: &[u64], out: &mut IdMap<u64, usize>) {
         self.cached_and_trusted(blocks, &[], out, &mut Vec::new());
     }
 
@@ -181,7 +231,7 @@ impl KvEvents {
         &self,
         blocks: &[u64],
         workers: &[u64],
-        out: &mut HashMap<u64, usize>,
+        out: &mut IdMap<u64, usize>,
         trusted: &mut Vec<bool>,
     ) {
         out.clear();

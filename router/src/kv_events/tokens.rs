@@ -90,12 +90,22 @@ impl Tokenizers {
         for_model(&self.by_model, model)?.encode(text)
     }
 
-    /// The token ids the engine computes for `request`: a chat request
+    /// Whether a tokenizer serves `model` (else no prompt of it matches,
+    /// unless its engine tokenizes it).
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        for_model(&self.by_model, model).is_some()
+    }
+
+    /// The token ids the engine computes for `request`: the engine's own
+    /// when it was asked (`RequestInfo::token_ids`), else a chat request
     /// through its model's chat template when one is configured, else its
     /// text as [`Tokenizers::encode`]; `None` without a tokenizer or text,
     /// or when rendering or encoding fails (the request then matches
     /// nothing and is routed as an unseen prompt).
     pub fn encode_request(&self, request: &RequestInfo) -> Option<Vec<u32>> {
+        if let Some(ids) = &request.token_ids {
+            return Some(ids.to_vec());
+        }
         let model = request.model.as_deref();
         let text = request.text.as_deref()?;
         let tokenizer = for_model(&self.by_model, model)?;

@@ -38,7 +38,6 @@
 //! replicas spread over the near-equal engines instead of herding onto the
 //! single lowest score (which the mesh would only show them after its lag).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::least_load::{LeastLoadPolicy, Scores};
@@ -49,6 +48,7 @@ use crate::config::defaults::{
 };
 use crate::config::{KvEventsConfig, LeastLoadConfig, PrefixAffinityConfig, RoutingConfig};
 use crate::fleet::FleetView;
+use crate::id_hash::IdMap;
 use crate::kv_events::{KvEvents, PromptBlocks};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
@@ -90,7 +90,7 @@ impl PrecisePrefixPolicy {
         blocks: &PromptBlocks,
     ) -> Vec<u64> {
         let ids: Vec<u64> = candidates.iter().map(|w| w.id()).collect();
-        let (mut depth, mut trusted) = (HashMap::new(), Vec::new());
+        let (mut depth, mut trusted) = (IdMap::default(), Vec::new());
         self.kv
             .cached_and_trusted(&blocks.hashes, &ids, &mut depth, &mut trusted);
         let block_tokens = self.kv.block_size() as u128;

@@ -46,6 +46,9 @@ pub struct RequestInfo {
     /// holding it can serve: a Responses request's
     /// `previous_response_id`, a batch's `input_file_id` (see `objects`).
     pub builds_on: Option<String>,
+    /// The prompt's token ids as one of its engines tokenized it
+    /// (`--kv-tokenize-on-engine`, a model with no local tokenizer).
+    pub token_ids: Option<std::sync::Arc<[u32]>>,
 }
 
 impl RequestInfo {
@@ -95,6 +98,7 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
         model: scanned.model,
         free: false,
         builds_on,
+        token_ids: None,
     })
 }
 

@@ -18,38 +18,14 @@ mod shared;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 pub(crate) use shared::SharedTree;
 pub use shared::TreeUpkeep;
 
 /// A worker as the tree knows it: [`crate::workers::Worker::id`].
 pub(crate) type Tenant = u64;
 
-/// Hasher for `u64` ids: one multiply (ids are small and unique, so they
-/// need spreading into the high bits hashbrown uses, not DoS resistance).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// A map keyed by tenant id.
-pub(crate) type IdMap<V> = HashMap<Tenant, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = crate::id_hash::IdMap<Tenant, V>;
 
 const ROOT: u32 = 0;
 /// `parent` of a slot on the free list.
