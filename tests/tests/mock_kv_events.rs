@@ -580,3 +580,88 @@ async fn kv_event_flags_are_validated() {
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tokenizer"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_answers_the_ids_the_cache_blocks_hold() {
+    let template = tokenizer_path().with_file_name("chat_template.jinja");
+    let m = mock(&["--chat-template", template.to_str().unwrap()]).await;
+    let url = format!("{}/tokenize", m.url);
+    let (mut sub, _) = m.subscribe().await;
+
+    // A completion prompt: the tokenizer's ids, special tokens included.
+    let text = letters(3, 300);
+    let answer = m
+        .client
+        .post_json(&url, &json!({"model": "m", "prompt": text}))
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let body = answer.json().unwrap();
+    let tokens: Vec<u32> = serde_json::from_value(body["tokens"].clone()).unwrap();
+    assert_eq!(tokens, ids(&text));
+    assert_eq!(body["count"].as_u64(), Some(tokens.len() as u64));
+    assert!(body["max_model_len"].as_u64().unwrap() > 0);
+
+    // A chat request: rendered with the engine's template, so its ids are
+    // not its content's; they are exactly what a chat request stores.
+    let messages = json!([{"role": "user", "content": letters(4, 300)}]);
+    let answer = m
+        .client
+        .post_json(
+            &url,
+            &json!({"messages": messages, "add_generation_prompt": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let chat_tokens: Vec<u32> =
+        serde_json::from_value(answer.json().unwrap()["tokens"].clone()).unwrap();
+    assert_ne!(chat_tokens[..BLOCK], ids(&letters(4, 300))[..BLOCK]);
+    let r = m
+        .client
+        .post_json(
+            &format!("{}/v1/chat/completions", m.url),
+            &json!({"messages": messages, "max_tokens": 2}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (_, payload) = recv(&mut sub).await;
+    let full = chat_tokens.len() / BLOCK;
+    assert_eq!(
+        events(&payload),
+        vec![Ev::Stored {
+            hashes: token_block_hashes(&chat_tokens, BLOCK),
+            parent: None,
+            tokens: chat_tokens[..full * BLOCK].to_vec(),
+            block_size: BLOCK as u64,
+        }]
+    );
+    assert_eq!(m.stats().await["tokenize_calls"].as_u64(), Some(2));
+
+    // Bad bodies get a 400 with a reason.
+    for bad in [&b"{nope"[..], b"{}", br#"{"messages": []}"#] {
+        let r = m.client.post_raw(&url, bad.to_vec()).await.unwrap();
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(bad));
+        assert!(r.text().contains("message"), "{}", r.text());
+    }
+}
+
+#[tokio::test]
+async fn a_mock_without_a_tokenizer_has_no_tokenize_route() {
+    let engine = shoal_tests::mock::spawn_engine(
+        shoal_tests::mock::EngineConfig::default(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let r = HttpClient::new()
+        .post_json(
+            &format!("{}/tokenize", engine.url()),
+            &json!({"prompt": "hi"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("--tokenizer"), "{}", r.text());
+}

@@ -35,8 +35,13 @@ async fn engines() -> Vec<EngineHandle> {
 
 /// The engines, rendering chat requests with `template` if given.
 async fn engines_with(template: Option<PathBuf>) -> Vec<EngineHandle> {
+    engines_of(Flavor::Sglang, template).await
+}
+
+/// Engines of `flavor`, rendering chat requests with `template` if given.
+async fn engines_of(flavor: Flavor, template: Option<PathBuf>) -> Vec<EngineHandle> {
     let cfg = EngineConfig {
-        flavor: Flavor::Sglang,
+        flavor,
         tokenizer: Some(tokenizer()),
         kv_events_port: Some(0),
         kv_events_replay_port: Some(0),
@@ -50,11 +55,16 @@ async fn engines_with(template: Option<PathBuf>) -> Vec<EngineHandle> {
 
 /// The replicas' flags: the policy, the tokenizer, each engine's sockets.
 fn args(engines: &[EngineHandle]) -> Vec<String> {
+    let mut args = args_without_tokenizer(engines);
+    args.extend(["--kv-tokenizer".into(), tokenizer().display().to_string()]);
+    args
+}
+
+/// [`args`] without a tokenizer: the replicas hash no prompt themselves.
+fn args_without_tokenizer(engines: &[EngineHandle]) -> Vec<String> {
     let mut args = vec![
         "--policy".to_string(),
         "precise_prefix".into(),
-        "--kv-tokenizer".into(),
-        tokenizer().display().to_string(),
         "--expose-worker-header".into(),
         // Work booked since a poll counts as queue until the next poll:
         // frequent polls keep sequential requests from looking queued.
@@ -308,6 +318,84 @@ async fn a_replica_started_into_a_busy_fleet_routes_on_the_warm_index() {
             warm.as_millis()
         );
         assert!(sent > 0, "the fleet was busy while the replica started");
+    })
+    .await;
+}
+
+/// `route_micros` of `/debug/route` for `body` on replica 0, median of 25.
+async fn median_route_micros(setup: &Setup, body: &Value) -> u64 {
+    let url = format!("{}/debug/route", setup.fleet.url(0));
+    let mut micros = Vec::new();
+    for _ in 0..25 {
+        let answer = setup.client.post_json(&url, body).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        micros.push(answer.json().unwrap()["route_micros"].as_u64().unwrap());
+    }
+    micros.sort_unstable();
+    micros[micros.len() / 2]
+}
+
+#[tokio::test]
+async fn replicas_without_a_tokenizer_route_on_the_engines_own_tokens() {
+    fleet_support::run_for(Duration::from_secs(120), async {
+        // vLLM engines rendering chat with their own template; the replicas
+        // have neither tokenizer nor template, and ask an engine's
+        // /tokenize for each prompt's ids.
+        let engines = engines_of(Flavor::Vllm, Some(chat_template())).await;
+        let mut flags = args_without_tokenizer(&engines);
+        flags.push("--kv-tokenize-on-engine".into());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let setup = start(engines, &[0, 1, 2, 3], true, &flags).await;
+        let families = 6;
+        let mut homes = Vec::new();
+        for f in 0..families {
+            let url = format!("{}/v1/chat/completions", setup.fleet.url(0));
+            let answer = setup.client.post_json(&url, &conversation(f, false)).await.unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            homes.push(answer.header("x-shoal-worker").unwrap().to_string());
+        }
+        for f in 0..families {
+            let later = conversation(f, true);
+            let home = &homes[f as usize];
+            wait_for(
+                "the home engine's events",
+                Duration::from_secs(10),
+                async || (home_blocks(&setup, 1, &later, home).await >= 8).then_some(()),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let url = format!("{}/v1/chat/completions", setup.fleet.url(1));
+            let answer = setup.client.post_json(&url, &later).await.unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert_eq!(answer.header("x-shoal-worker"), Some(home.as_str()), "family {f}");
+        }
+        let asked: u64 = setup.engines.iter().map(|e| e.engine().tokenize_calls()).sum();
+        assert!(asked >= 2 * families, "the engines tokenized every request ({asked})");
+        let metrics = setup
+            .client
+            .get(&format!("{}/metrics", setup.fleet.url(1)))
+            .await
+            .unwrap()
+            .text();
+        assert!(
+            metrics.contains("shoal_kv_engine_tokenize_total{result=\"ok\"}"),
+            "{metrics}"
+        );
+        let on_engine = median_route_micros(&setup, &conversation(0, true)).await;
+        drop(setup);
+
+        // The same later turn routed by replicas with the tokenizer and
+        // template: what asking an engine costs on top.
+        let engines = engines_of(Flavor::Vllm, Some(chat_template())).await;
+        let mut args = args(&engines);
+        args.extend(["--kv-chat-template".into(), chat_template().display().to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let setup = start(engines, &[0, 1, 2, 3], true, &args).await;
+        let local = median_route_micros(&setup, &conversation(0, true)).await;
+        println!(
+            "route a later chat turn (~1,700 tokens), median of 25 dry runs: {on_engine} us tokenized on an \
+             engine, {local} us with the router's tokenizer"
+        );
     })
     .await;
 }

@@ -27,6 +27,10 @@ pub struct DryRun {
     pub policy: &'static str,
     /// How many workers were candidates.
     pub candidates: usize,
+    /// Microseconds this replica took to get the prompt's tokens (here,
+    /// or from an engine with `--kv-tokenize-on-engine`) and choose: what
+    /// routing adds to a request before it is sent.
+    pub route_micros: u64,
     /// For a policy routing on KV events: each candidate's cached prefix
     /// of the prompt in blocks, per this replica's index (candidates
     /// caching none are left out), so replicas' indexes can be compared
@@ -72,6 +76,7 @@ fn cached_prefixes(
 
 /// `POST /debug/route` with an inference request's JSON body.
 pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = std::time::Instant::now();
     let mut info = match request::inspect(&body, app.policy.prompt_text_limit()) {
         Ok(info) => info,
         Err(e) => return ApiError::bad_request("invalid_body", e.to_string()).into_response(),
@@ -101,10 +106,12 @@ pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     else {
         return ApiError::no_workers("the policy selected no worker").into_response();
     };
+    let route_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     Json(DryRun {
         worker: chosen.url().to_string(),
         policy: app.policy.name(),
         candidates: candidates.len(),
+        route_micros,
         cached: cached_prefixes(&app, &candidates, &info),
     })
     .into_response()

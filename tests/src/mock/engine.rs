@@ -61,6 +61,7 @@ pub struct Engine {
     fault: AtomicU8,
     next_id: AtomicU64,
     load_polls: AtomicU64,
+    tokenize_calls: AtomicU64,
     started_unix: f64,
     dead: watch::Sender<bool>,
     blocker: Blocker,
@@ -80,6 +81,7 @@ impl Engine {
             fault: AtomicU8::new(0),
             next_id: AtomicU64::new(1),
             load_polls: AtomicU64::new(0),
+            tokenize_calls: AtomicU64::new(0),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs_f64())
@@ -179,6 +181,21 @@ impl Engine {
 
     pub(crate) fn count_load_poll(&self) {
         self.load_polls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `POST /tokenize` calls since start: how often routers asked this
+    /// engine for a prompt's tokens.
+    pub fn tokenize_calls(&self) -> u64 {
+        self.tokenize_calls.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_tokenize_call(&self) {
+        self.tokenize_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tokens per prefix-cache block when the engine has a tokenizer.
+    pub(crate) fn blocker_token_size(&self) -> Option<usize> {
+        self.blocker.token_block_size()
     }
 
     pub(crate) fn next_request_id(&self) -> u64 {

@@ -20,6 +20,7 @@ use super::config::Flavor;
 use super::engine::{Engine, FaultMode};
 use super::formats;
 use super::openai::{self, error_response, unavailable};
+use super::tokenize;
 
 /// Builds the router of one engine.
 pub(crate) fn router(engine: Arc<Engine>) -> Router {
@@ -37,7 +38,9 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
             .route("/v1/loads", get(sglang_loads))
             .route("/get_load", get(sglang_get_load))
             .route("/metrics", get(metrics)),
-        Flavor::Vllm => data.route("/metrics", get(metrics)),
+        Flavor::Vllm => data
+            .route("/metrics", get(metrics))
+            .route("/tokenize", post(tokenize::tokenize)),
         Flavor::Llamacpp => data
             .route("/metrics", get(metrics))
             .route("/slots", get(llamacpp_slots)),
@@ -194,6 +197,7 @@ async fn stats(State(engine): State<Arc<Engine>>, Query(q): Query<StatsQuery>) -
         "fault": engine.fault(),
         "time_scale": cfg.time_scale,
         "load_polls": engine.load_polls(),
+        "tokenize_calls": engine.tokenize_calls(),
         "snapshot": engine.snapshot(),
         "kv_events": engine.kv_events(),
         "kv_events_stats": engine.kv_stats(),

@@ -34,7 +34,8 @@
 //! Besides the engine routes every engine serves `GET /stats[?since=SEQ]`
 //! (snapshot, counters, `load_polls` — hits on the load endpoints —, the
 //! KV-event endpoints and counters, and recent per-request timing),
-//! `POST /reset_prefix_cache` (vLLM's) and
+//! `POST /reset_prefix_cache` (vLLM's), with a tokenizer vLLM's
+//! `POST /tokenize` (vLLM flavor), and
 //! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`.
 
 mod chat_template;
@@ -50,6 +51,7 @@ mod prefix_cache;
 mod requests;
 mod server;
 mod snapshot;
+mod tokenize;
 mod tokens;
 
 pub use chat_template::ChatTemplate;
