@@ -179,6 +179,10 @@ impl std::fmt::Debug for MeshConfig {
     }
 }
 
+/// Default interval of the periodic push of changed counts, in
+/// milliseconds: the fallback that carries what on-change pushes coalesced.
+pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 20;
+
 /// Default shortest gap between pushes made on change, in milliseconds
 /// (chosen by `cargo bench -p shoal-mesh --bench convergence`: see
 /// tests/BENCHMARKS.md).
@@ -224,7 +228,7 @@ impl MeshConfig {
             http_addr: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
             tls,
-            sync_interval: Duration::from_millis(20),
+            sync_interval: Duration::from_millis(DEFAULT_SYNC_INTERVAL_MS),
             push_min_gap: Duration::from_millis(DEFAULT_PUSH_MIN_GAP_MS),
             max_push_rate: DEFAULT_MAX_PUSH_RATE,
             anti_entropy_interval: DEFAULT_ANTI_ENTROPY_INTERVAL,

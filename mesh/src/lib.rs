@@ -51,8 +51,8 @@ pub mod worker_set;
 
 pub use config::{
     DEFAULT_ANTI_ENTROPY_INTERVAL, DEFAULT_DISPATCH_HISTORY, DEFAULT_MAX_PUSH_RATE,
-    DEFAULT_PUSH_MIN_GAP_MS, DEFAULT_WORKER_REMOVAL_TTL, FailureDetectorSettings, MeshConfig,
-    PemSource, TlsConfig,
+    DEFAULT_PUSH_MIN_GAP_MS, DEFAULT_SYNC_INTERVAL_MS, DEFAULT_WORKER_REMOVAL_TTL,
+    FailureDetectorSettings, MeshConfig, PemSource, TlsConfig,
 };
 pub use identity::Incarnation;
 pub use mesh::{Mesh, MeshError, Readiness};

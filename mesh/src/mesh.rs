@@ -445,11 +445,6 @@ impl Mesh {
         self.set_key(KEY_READINESS, readiness.as_str()).await;
     }
 
-    /// Publishes this node's HTTP address in gossip.
-    pub async fn set_http_addr(&self, addr: &str) {
-        self.set_key(KEY_HTTP, addr).await;
-    }
-
     async fn set_key(&self, key: &str, value: &str) {
         self.chitchat
             .with_chitchat(|c| c.self_node_state().set(key, value))

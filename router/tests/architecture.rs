@@ -37,8 +37,7 @@ fn root() -> PathBuf {
 
 fn architecture() -> String {
     let path = root().join("ARCHITECTURE.md");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
 /// The entries directly in `dir` (from the root): name, and whether it is

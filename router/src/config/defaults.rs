@@ -140,8 +140,9 @@ pub const MESH_QUIC_PORT: u16 = 30002;
 pub const MESH_HOST: &str = "0.0.0.0";
 /// Cluster id; replicas of another cluster are refused.
 pub const MESH_CLUSTER_ID: &str = "shoal";
-/// How often changed in-flight counts are pushed to peers.
-pub const MESH_SYNC_INTERVAL_MS: u64 = 20;
+/// How often changed in-flight counts are pushed to peers (the mesh
+/// crate's default).
+pub const MESH_SYNC_INTERVAL_MS: u64 = shoal_mesh::DEFAULT_SYNC_INTERVAL_MS;
 /// Shortest gap between two pushes made on change (the mesh crate's default).
 pub const MESH_PUSH_MIN_GAP_MS: u64 = shoal_mesh::DEFAULT_PUSH_MIN_GAP_MS;
 /// Most pushes on change per second over all peer links (the mesh crate's default).
