@@ -203,21 +203,24 @@ async fn huge_bodies_stay_within_memory_and_do_not_stall_streams() {
                 }
             });
             // Gaps between stream events while the body is sent and parsed.
-            let mut worst = Duration::ZERO;
+            let mut gaps = Vec::new();
             let mut last = Instant::now();
-            let mut events = 0usize;
             while !big.is_finished() {
                 let Some(_) = stream.next_data().await.unwrap() else {
                     break;
                 };
-                worst = worst.max(last.elapsed());
+                gaps.push(last.elapsed());
                 last = Instant::now();
-                events += 1;
             }
+            let events = gaps.len();
+            gaps.sort_unstable();
+            let worst = gaps.last().copied().unwrap_or_default();
+            let median = gaps.get(events / 2).copied().unwrap_or_default();
             let (status, text, took) = big.await.unwrap();
             let peak_kb = shoal.status_kb("VmHWM").unwrap();
             println!(
-                "{name} ({len} bytes): {status} in {took:?}; stream: {events} events, worst gap {worst:?}; \
+                "{name} ({len} bytes): {status} in {took:?}; stream: {events} events, median gap {median:?}, \
+                 worst gap {worst:?}; \
                  VmHWM {} MB (idle {} MB) = {:.2} x the body",
                 peak_kb / 1000,
                 idle_kb / 1000,
@@ -225,9 +228,15 @@ async fn huge_bodies_stay_within_memory_and_do_not_stall_streams() {
             );
             assert_eq!(status, expect, "{name}: {text}");
             assert!(events > 0, "{name}: the stream flowed while the body was handled");
+            // A body parsed on the stream's I/O thread holds it for the
+            // whole parse (seconds for the numeric prompt); scheduling
+            // jitter on a loaded host is a few of the stream's own gaps.
+            // So the bound is a multiple of the gap measured here, not a
+            // wall-clock figure.
+            let bound = median * 10 + Duration::from_millis(20);
             assert!(
-                worst < Duration::from_millis(50),
-                "{name}: the stream stalled for {worst:?}"
+                worst < bound,
+                "{name}: the stream stalled for {worst:?} (median gap {median:?}, bound {bound:?})"
             );
             assert!(
                 (peak_kb as usize) * 1000 < 3 * len,
