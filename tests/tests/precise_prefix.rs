@@ -203,6 +203,44 @@ fn conversation(f: u64, later: bool) -> Value {
     serde_json::json!({"model": shoal_tests::mock::DEFAULT_MODEL, "messages": messages, "max_tokens": 4})
 }
 
+/// Sends the first chat turn of `families` conversations through replica
+/// 0, then, once replica 1's index shows each history on its home, the
+/// later turn through replica 1: it must land on that home. (The history
+/// is ~1,500 characters: several 16-token blocks of it, behind the
+/// template's markers, must be found there.)
+async fn later_chat_turns_follow_their_cache(setup: &Setup, families: u64) {
+    let mut homes = Vec::new();
+    for f in 0..families {
+        let url = format!("{}/v1/chat/completions", setup.fleet.url(0));
+        let answer = setup
+            .client
+            .post_json(&url, &conversation(f, false))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        homes.push(answer.header("x-shoal-worker").unwrap().to_string());
+    }
+    for f in 0..families {
+        let later = conversation(f, true);
+        let home = &homes[f as usize];
+        wait_for(
+            "the home engine's events",
+            Duration::from_secs(10),
+            async || (home_blocks(setup, 1, &later, home).await >= 8).then_some(()),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let url = format!("{}/v1/chat/completions", setup.fleet.url(1));
+        let answer = setup.client.post_json(&url, &later).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.header("x-shoal-worker"),
+            Some(home.as_str()),
+            "family {f}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn chat_requests_rendered_with_the_engines_template_match_their_cache() {
     fleet_support::run_for(Duration::from_secs(90), async {
@@ -216,39 +254,7 @@ async fn chat_requests_rendered_with_the_engines_template_match_their_cache() {
         ]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let setup = start(engines, &[0, 1, 2, 3], true, &args).await;
-        let families = 6;
-        let mut homes = Vec::new();
-        for f in 0..families {
-            let url = format!("{}/v1/chat/completions", setup.fleet.url(0));
-            let answer = setup
-                .client
-                .post_json(&url, &conversation(f, false))
-                .await
-                .unwrap();
-            assert_eq!(answer.status, 200, "{}", answer.text());
-            homes.push(answer.header("x-shoal-worker").unwrap().to_string());
-        }
-        for f in 0..families {
-            let later = conversation(f, true);
-            let home = &homes[f as usize];
-            // The history is ~1,500 characters: several 16-token blocks of
-            // it, behind the template's markers, must be found on its home.
-            wait_for(
-                "the home engine's events",
-                Duration::from_secs(10),
-                async || (home_blocks(&setup, 1, &later, home).await >= 8).then_some(()),
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let url = format!("{}/v1/chat/completions", setup.fleet.url(1));
-            let answer = setup.client.post_json(&url, &later).await.unwrap();
-            assert_eq!(answer.status, 200, "{}", answer.text());
-            assert_eq!(
-                answer.header("x-shoal-worker"),
-                Some(home.as_str()),
-                "family {f}"
-            );
-        }
+        later_chat_turns_follow_their_cache(&setup, 6).await;
     })
     .await;
 }
@@ -347,28 +353,7 @@ async fn replicas_without_a_tokenizer_route_on_the_engines_own_tokens() {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let setup = start(engines, &[0, 1, 2, 3], true, &flags).await;
         let families = 6;
-        let mut homes = Vec::new();
-        for f in 0..families {
-            let url = format!("{}/v1/chat/completions", setup.fleet.url(0));
-            let answer = setup.client.post_json(&url, &conversation(f, false)).await.unwrap();
-            assert_eq!(answer.status, 200, "{}", answer.text());
-            homes.push(answer.header("x-shoal-worker").unwrap().to_string());
-        }
-        for f in 0..families {
-            let later = conversation(f, true);
-            let home = &homes[f as usize];
-            wait_for(
-                "the home engine's events",
-                Duration::from_secs(10),
-                async || (home_blocks(&setup, 1, &later, home).await >= 8).then_some(()),
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let url = format!("{}/v1/chat/completions", setup.fleet.url(1));
-            let answer = setup.client.post_json(&url, &later).await.unwrap();
-            assert_eq!(answer.status, 200, "{}", answer.text());
-            assert_eq!(answer.header("x-shoal-worker"), Some(home.as_str()), "family {f}");
-        }
+        later_chat_turns_follow_their_cache(&setup, families).await;
         let asked: u64 = setup.engines.iter().map(|e| e.engine().tokenize_calls()).sum();
         assert!(asked >= 2 * families, "the engines tokenized every request ({asked})");
         let metrics = setup
