@@ -1,8 +1,7 @@
 //! What decoding a KV-event batch costs a replica, which decodes every
-//! engine's batches: Shoal's decoder (`kv_events::wire::decode_batch`, a
-//! borrowed msgpack reader) against building the same batch's msgpack
-//! value tree with `rmpv` (what the decoder did before, as its first step,
-//! so a lower bound of the old cost), side by side in one run. The batch
+//! engine's batches: the whole decoder (`kv_events::wire::decode_batch`)
+//! against its first step alone, building the batch's msgpack value tree
+//! with `rmpv`, side by side in one run. The batch
 //! has the size the fleet benchmark's engines publish (~52 KB: 16
 //! `BlockStored` events in vLLM's map encoding, 64 blocks of 16 tokens
 //! each). Run with `cargo bench -p shoal --bench kv_wire`.

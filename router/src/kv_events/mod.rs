@@ -24,7 +24,6 @@ pub mod chat_template;
 pub mod engine_tokens;
 pub mod holders;
 pub mod index;
-mod msgpack;
 pub mod sequence;
 pub mod subscriber;
 pub mod token_cache;

@@ -24,7 +24,7 @@
 //! [`MAX_DEPTH`], has trailing bytes, or lacks a required field is an
 //! error: the caller drops and counts it. Nothing here panics on input.
 
-use super::msgpack::{Item, MsgpackError, Reader};
+use rmpv::Value;
 
 /// Deepest nesting a batch may have (the real ones nest 5 levels: batch,
 /// events, event, `extra_keys`, a key tuple).
@@ -108,133 +108,70 @@ pub enum WireError {
 }
 
 /// Decodes one payload frame.
-pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
-    let mut reader = Reader::new(payload);
-    let whole = reader.value(MAX_DEPTH).map_err(malformed)?;
-    if reader.remaining() > 0 {
-        return Err(WireError::Trailing(reader.remaining()));
+pub fn decode_batch(mut payload: &[u8]) -> Result<EventBatch, WireError> {
+    let value = rmpv::decode::read_value_with_max_depth(&mut payload, MAX_DEPTH)
+        .map_err(|e| WireError::Msgpack(e.to_string()))?;
+    if !payload.is_empty() {
+        return Err(WireError::Trailing(payload.len()));
     }
-    // From here every read is inside a value already checked whole.
-    let mut reader = Reader::new(whole);
-    let (ts, events, rank) = match reader.item().map_err(malformed)? {
-        Item::Array(n) => {
-            let items = values(&mut reader, n, 3)?;
-            (
-                items.first().copied(),
-                items.get(1).copied(),
-                items.get(2).copied(),
-            )
-        }
-        Item::Map(n) => {
-            let entries = entries(&mut reader, n)?;
-            let get = |key: &str| map_get(&entries, key);
-            (
-                get("ts"),
-                get("events"),
-                get("data_parallel_rank").or_else(|| get("attn_dp_rank")),
-            )
-        }
+    let (ts, events, rank) = match &value {
+        Value::Array(items) => (items.first(), items.get(1), items.get(2)),
+        Value::Map(_) => (
+            map_get(&value, "ts"),
+            map_get(&value, "events"),
+            map_get(&value, "data_parallel_rank").or_else(|| map_get(&value, "attn_dp_rank")),
+        ),
         _ => return Err(WireError::Shape("the batch is neither an array nor a map")),
     };
-    let mut list = Reader::new(events.unwrap_or_default());
-    let Some(Item::Array(count)) = events.and_then(|_| list.item().ok()) else {
+    let Some(Value::Array(raw_events)) = events else {
         return Err(WireError::Shape("the batch has no event list"));
     };
-    let mut decoded = Vec::with_capacity(count.min(1024));
-    for _ in 0..count {
-        decoded.push(decode_event(list.value(MAX_DEPTH).map_err(malformed)?)?);
-    }
+    let events = raw_events
+        .iter()
+        .map(decode_event)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(EventBatch {
-        ts: ts.and_then(|v| item(v).as_f64()).filter(|t| t.is_finite()),
-        events: decoded,
+        ts: ts.and_then(Value::as_f64).filter(|t| t.is_finite()),
+        events,
         dp_rank: rank
-            .and_then(|v| item(v).as_u64())
+            .and_then(Value::as_u64)
             .and_then(|r| u32::try_from(r).ok()),
     })
 }
 
-fn malformed(e: MsgpackError) -> WireError {
-    WireError::Msgpack(e.to_string())
-}
-
-/// The head of the value whose bytes are `value` (`Nil` if unreadable,
-/// which a checked value never is).
-fn item(value: &[u8]) -> Item<'_> {
-    Reader::new(value).item().unwrap_or(Item::Nil)
-}
-
-/// The bytes of the first `keep` of the `n` values at `reader` (the rest
-/// skipped).
-fn values<'a>(reader: &mut Reader<'a>, n: usize, keep: usize) -> Result<Vec<&'a [u8]>, WireError> {
-    let mut out = Vec::with_capacity(keep.min(n));
-    for i in 0..n {
-        let value = reader.value(MAX_DEPTH).map_err(malformed)?;
-        if i < keep {
-            out.push(value);
-        }
+/// The value under `key` in a msgpack map.
+fn map_get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
+    match value {
+        Value::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v),
+        _ => None,
     }
-    Ok(out)
-}
-
-/// A map entry: its key's bytes and its value's.
-type Entry<'a> = (&'a [u8], &'a [u8]);
-
-/// The `n` entries of a map at `reader`.
-fn entries<'a>(reader: &mut Reader<'a>, n: usize) -> Result<Vec<Entry<'a>>, WireError> {
-    let mut out = Vec::with_capacity(n.min(32));
-    for _ in 0..n {
-        let key = reader.value(MAX_DEPTH).map_err(malformed)?;
-        let value = reader.value(MAX_DEPTH).map_err(malformed)?;
-        out.push((key, value));
-    }
-    Ok(out)
-}
-
-/// The value under string key `key` (its first occurrence).
-fn map_get<'a>(entries: &[Entry<'a>], key: &str) -> Option<&'a [u8]> {
-    entries
-        .iter()
-        .find(|(k, _)| item(k).as_str() == Some(key))
-        .map(|(_, v)| *v)
 }
 
 /// An event's fields, whichever encoding it came in.
-enum Fields<'a> {
-    /// `[tag, field 1, field 2, ...]`: the first [`POSITIONS`] values.
-    Positional(Vec<&'a [u8]>),
-    /// `{type: tag, name: value, ...}`.
-    Named(Vec<Entry<'a>>),
-}
-
-/// Positions read from a positional event (the tag and ten fields).
-const POSITIONS: usize = 11;
+struct Fields<'a>(&'a Value);
 
 impl<'a> Fields<'a> {
-    fn read(event: &'a [u8]) -> Result<Option<Self>, WireError> {
-        let mut reader = Reader::new(event);
-        Ok(match reader.item().map_err(malformed)? {
-            Item::Array(n) => Some(Fields::Positional(values(&mut reader, n, POSITIONS)?)),
-            Item::Map(n) => Some(Fields::Named(entries(&mut reader, n)?)),
-            _ => None,
-        })
-    }
-
     /// The event's type tag.
     fn tag(&self) -> Option<&'a str> {
-        match self {
-            Fields::Positional(items) => item(items.first()?).as_str(),
-            Fields::Named(entries) => item(map_get(entries, "type")?).as_str(),
+        match self.0 {
+            Value::Array(items) => items.first()?.as_str(),
+            Value::Map(_) => map_get(self.0, "type")?.as_str(),
+            _ => None,
         }
     }
 
     /// Field `name`, declared at `position` (1-based: position 0 is the
     /// tag) in the positional encoding. A nil is the field's absence.
-    fn get(&self, position: usize, name: &str) -> Option<&'a [u8]> {
-        let value = match self {
-            Fields::Positional(items) => items.get(position).copied(),
-            Fields::Named(entries) => map_get(entries, name),
+    fn get(&self, position: usize, name: &str) -> Option<&'a Value> {
+        let value = match self.0 {
+            Value::Array(items) => items.get(position),
+            Value::Map(_) => map_get(self.0, name),
+            _ => None,
         }?;
-        (item(value) != Item::Nil).then_some(value)
+        (!value.is_nil()).then_some(value)
     }
 }
 
@@ -253,10 +190,8 @@ const REMOVED_HASHES: usize = 1;
 const REMOVED_MEDIUM: usize = 2;
 const REMOVED_GROUP: usize = 3;
 
-fn decode_event(event: &[u8]) -> Result<KvEvent, WireError> {
-    let Some(fields) = Fields::read(event)? else {
-        return Err(WireError::Shape("an event has no type tag"));
-    };
+fn decode_event(value: &Value) -> Result<KvEvent, WireError> {
+    let fields = Fields(value);
     let Some(tag) = fields.tag() else {
         return Err(WireError::Shape("an event has no type tag"));
     };
@@ -273,7 +208,7 @@ fn decode_event(event: &[u8]) -> Result<KvEvent, WireError> {
                 .transpose()?,
             block_size: fields
                 .get(STORED_BLOCK_SIZE, "block_size")
-                .and_then(|v| item(v).as_u64())
+                .and_then(Value::as_u64)
                 .and_then(|n| u32::try_from(n).ok())
                 .filter(|n| *n > 0),
             lora: lora(&fields),
@@ -295,15 +230,10 @@ fn decode_event(event: &[u8]) -> Result<KvEvent, WireError> {
 
 /// A block hash as a `u64` bit pattern: an int (either sign), or bytes by
 /// their last 8 bytes big-endian (shorter ones left-padded with zeros).
-pub fn hash(value: &[u8]) -> Option<u64> {
-    hash_of(item(value))
-}
-
-fn hash_of(value: Item<'_>) -> Option<u64> {
+pub fn hash(value: &Value) -> Option<u64> {
     match value {
-        Item::Uint(n) => Some(n),
-        Item::Int(n) => Some(n as u64),
-        Item::Bin(bytes) => {
+        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|s| s as u64)),
+        Value::Binary(bytes) => {
             let tail = &bytes[bytes.len().saturating_sub(8)..];
             Some(tail.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
         }
@@ -311,72 +241,60 @@ fn hash_of(value: Item<'_>) -> Option<u64> {
     }
 }
 
-fn hashes(value: Option<&[u8]>) -> Result<Vec<u64>, WireError> {
-    let mut reader = Reader::new(value.unwrap_or_default());
-    let Some(Item::Array(n)) = value.and_then(|_| reader.item().ok()) else {
+fn hashes(value: Option<&Value>) -> Result<Vec<u64>, WireError> {
+    let Some(Value::Array(items)) = value else {
         return Err(WireError::Shape("an event has no block_hashes list"));
     };
-    let mut out = Vec::with_capacity(n.min(4096));
-    for _ in 0..n {
-        let hash = reader.item().ok().and_then(hash_of);
-        out.push(hash.ok_or(WireError::Shape("a block hash is not a hash"))?);
-    }
-    Ok(out)
+    items
+        .iter()
+        .map(|v| hash(v).ok_or(WireError::Shape("a block hash is not a hash")))
+        .collect()
 }
 
-fn tokens(value: &[u8]) -> Result<Vec<u32>, WireError> {
-    const NOT_A_TOKEN: WireError = WireError::Shape("a token id is not a 32-bit unsigned int");
-    let mut reader = Reader::new(value);
-    let Ok(Item::Array(n)) = reader.item() else {
+fn tokens(value: &Value) -> Result<Vec<u32>, WireError> {
+    let Value::Array(items) = value else {
         return Err(WireError::Shape("token_ids is not a list"));
     };
-    let mut out = Vec::with_capacity(n.min(1 << 16));
-    for _ in 0..n {
-        let token = match reader.item().map_err(malformed)? {
+    items
+        .iter()
+        .map(|v| {
             // EAGLE pages send [token, next token] pairs.
-            Item::Array(0) => None,
-            Item::Array(len) => {
-                let first = reader.item().map_err(malformed)?.as_u64();
-                for _ in 1..len {
-                    reader.skip(MAX_DEPTH).map_err(malformed)?;
-                }
-                first
-            }
-            other => other.as_u64(),
-        };
-        out.push(
+            let token = match v {
+                Value::Array(pair) => pair.first(),
+                other => Some(other),
+            };
             token
+                .and_then(Value::as_u64)
                 .and_then(|t| u32::try_from(t).ok())
-                .ok_or(NOT_A_TOKEN)?,
-        );
-    }
-    Ok(out)
+                .ok_or(WireError::Shape("a token id is not a 32-bit unsigned int"))
+        })
+        .collect()
 }
 
 fn lora(fields: &Fields<'_>) -> Option<String> {
     if let Some(name) = fields.get(STORED_LORA_NAME, "lora_name") {
-        return item(name).as_str().map(str::to_owned);
+        return name.as_str().map(str::to_owned);
     }
     fields
         .get(STORED_LORA_ID, "lora_id")
-        .and_then(|v| item(v).as_i64())
+        .and_then(Value::as_i64)
         .map(|id| format!("lora-id:{id}"))
 }
 
-fn on_gpu(medium: Option<&[u8]>) -> bool {
-    medium.is_none_or(|m| item(m).as_str() == Some(MEDIUM_GPU))
+fn on_gpu(medium: Option<&Value>) -> bool {
+    medium.is_none_or(|m| m.as_str() == Some(MEDIUM_GPU))
 }
 
 /// Main attention group: a full-attention kind when the engine names the
 /// kind, else group 0 (or no group: single-group models).
-fn main_group(group: Option<&[u8]>, kind: Option<&[u8]>) -> bool {
-    if let Some(kind) = kind.and_then(|k| item(k).as_str()) {
+fn main_group(group: Option<&Value>, kind: Option<&Value>) -> bool {
+    if let Some(kind) = kind.and_then(Value::as_str) {
         return matches!(
             kind,
             "full_attention" | "mla_attention" | "sink_full_attention"
         );
     }
-    group.and_then(|g| item(g).as_u64()).is_none_or(|g| g == 0)
+    group.and_then(Value::as_u64).is_none_or(|g| g == 0)
 }
 
 #[cfg(test)]
