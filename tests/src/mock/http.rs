@@ -63,7 +63,8 @@ async fn fault_layer(State(engine): State<Arc<Engine>>, req: Request, next: Next
     }
 }
 
-fn json_ok(body: String) -> Response {
+/// A 200 with a JSON body.
+pub(crate) fn json_ok(body: String) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],

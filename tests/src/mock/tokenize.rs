@@ -12,10 +12,11 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::engine::Engine;
+use super::http::json_ok;
 use super::openai::error_response;
 use super::requests::{ApiKind, parse_request};
 
@@ -49,19 +50,14 @@ pub(crate) async fn tokenize(State(engine): State<Arc<Engine>>, body: Bytes) -> 
         Err(e) => return bad(e),
     };
     match engine.prompt_blocks(&request) {
-        Ok(blocks) => {
-            let answer = json!({
+        Ok(blocks) => json_ok(
+            json!({
                 "count": blocks.token_ids.len(),
                 "max_model_len": engine.config().max_request_tokens(),
                 "tokens": blocks.token_ids,
-            });
-            (
-                StatusCode::OK,
-                [(axum::http::header::CONTENT_TYPE, "application/json")],
-                answer.to_string(),
-            )
-                .into_response()
-        }
+            })
+            .to_string(),
+        ),
         Err(e) => bad(e),
     }
 }
