@@ -38,6 +38,22 @@ pub fn block(parent: u64, tokens: &[u32]) -> u64 {
     mix(h)
 }
 
+/// A hash of a text's bytes chained from `parent` (a request's identity
+/// beyond its full blocks, whether or not all of it was tokenized).
+pub fn text(parent: u64, bytes: &[u8]) -> u64 {
+    let mut h = mix(parent ^ (bytes.len() as u64) ^ 0x5445_5854); // "TEXT"
+    let mut words = bytes.chunks_exact(8);
+    for w in words.by_ref() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        h = (h.rotate_left(23) ^ u64::from_le_bytes(word)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    for &b in words.remainder() {
+        h = (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    mix(h)
+}
+
 /// Hashes of every full `block_size`-token block of `tokens`, chained from
 /// `seed` (a trailing partial block has none: engines cache full blocks).
 pub fn blocks(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {

@@ -20,7 +20,7 @@ use crate::id_hash::IdMap;
 use std::collections::hash_map::Entry;
 
 use super::chain;
-use super::holders::Holders;
+use super::holders::{self, Holders};
 use super::wire::{KvEvent, Removed, Stored};
 
 /// An event stream's handle in the index: one engine (data-parallel
@@ -78,8 +78,20 @@ pub struct KvIndex {
     /// std's keyed hasher.
     holders: HashMap<u64, Holders>,
     by_worker: IdMap<u64, Vec<StreamId>>,
+    /// The best coverage of each worker's streams, kept beside them: a
+    /// selection reads it for every candidate, and one small map stays in
+    /// cache where two lookups into the stream records would not.
+    trust: IdMap<u64, Coverage>,
     next_stream: u32,
+    /// Adapter names blocks were stored under (at most [`MAX_ADAPTERS`]),
+    /// so a request for one chains its prompt from the adapter's seed.
+    adapters: std::collections::HashSet<String>,
 }
+
+/// Adapter names remembered; past it a new adapter's requests chain from
+/// the base model's seed and match nothing of it (never a wrong claim:
+/// its blocks are under its own seed).
+pub const MAX_ADAPTERS: usize = 4096;
 
 impl KvIndex {
     /// An empty index of `block_size`-token blocks, at most
@@ -91,7 +103,9 @@ impl KvIndex {
             streams: IdMap::default(),
             holders: HashMap::new(),
             by_worker: IdMap::default(),
+            trust: IdMap::default(),
             next_stream: 0,
+            adapters: std::collections::HashSet::new(),
         }
     }
 
@@ -113,35 +127,51 @@ impl KvIndex {
             },
         );
         self.by_worker.entry(worker).or_default().push(id);
+        self.retrust(worker);
         id
     }
 
     /// Drops a stream and its blocks (its worker left).
     pub fn remove_stream(&mut self, id: StreamId) {
         self.clear(id);
-        if let Some(stream) = self.streams.remove(&id)
-            && let Entry::Occupied(mut entry) = self.by_worker.entry(stream.worker)
-        {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        if let Entry::Occupied(mut entry) = self.by_worker.entry(stream.worker) {
             entry.get_mut().retain(|s| *s != id);
             if entry.get().is_empty() {
                 entry.remove();
             }
         }
+        self.retrust(stream.worker);
     }
 
     /// The best coverage among `worker`'s streams: whether its blocks can
     /// be routed on at all.
     pub fn worker_coverage(&self, worker: u64) -> Coverage {
+        self.trust.get(&worker).copied().unwrap_or(Coverage::Cold)
+    }
+
+    /// Recomputes [`KvIndex::worker_coverage`] of `worker` from its
+    /// streams (after one was added, removed or changed coverage).
+    fn retrust(&mut self, worker: u64) {
         let streams = self.by_worker.get(&worker).map_or(&[][..], Vec::as_slice);
         let mut best = Coverage::Cold;
         for id in streams {
             match self.coverage(*id) {
-                Coverage::Complete => return Coverage::Complete,
+                Coverage::Complete => {
+                    best = Coverage::Complete;
+                    break;
+                }
                 Coverage::Suffix => best = Coverage::Suffix,
                 Coverage::Cold => {}
             }
         }
-        best
+        if best == Coverage::Cold {
+            self.trust.remove(&worker);
+        } else {
+            self.trust.insert(worker, best);
+        }
     }
 
     /// Forgets every block of `id` (the engine cleared its cache, restarted
@@ -159,6 +189,8 @@ impl KvIndex {
     pub fn set_coverage(&mut self, id: StreamId, coverage: Coverage) {
         if let Some(stream) = self.streams.get_mut(&id) {
             stream.coverage = coverage;
+            let worker = stream.worker;
+            self.retrust(worker);
         }
     }
 
@@ -172,6 +204,17 @@ impl KvIndex {
     /// Blocks indexed for `id`.
     pub fn blocks_of(&self, id: StreamId) -> usize {
         self.streams.get(&id).map_or(0, |s| s.blocks.len())
+    }
+
+    /// Whether some engine holds `block` (any stream, trusted or not): a
+    /// prompt's blocks after one nobody holds cannot match anywhere.
+    pub fn holds(&self, block: u64) -> bool {
+        self.holders.contains_key(&block)
+    }
+
+    /// Whether blocks were stored under the adapter `name`.
+    pub fn has_adapter(&self, name: &str) -> bool {
+        self.adapters.contains(name)
     }
 
     /// Distinct blocks indexed over all streams.
@@ -213,6 +256,12 @@ impl KvIndex {
                 return;
             }
         };
+        if let Some(name) = &event.lora
+            && self.adapters.len() < MAX_ADAPTERS
+            && !self.adapters.contains(name)
+        {
+            self.adapters.insert(name.clone());
+        }
         let mut parent = match event.parent {
             None => chain::seed(event.lora.as_deref()),
             Some(engine_parent) => match stream.blocks.get(&engine_parent) {
@@ -280,23 +329,30 @@ impl KvIndex {
             .copied()
             .filter(|s| self.coverage(*s) != Coverage::Cold)
             .collect();
+        let mut alive_print = holders::fingerprint(&alive);
         let mut depth = 1;
         let mut done: Vec<(StreamId, usize)> = Vec::new();
         for block in &blocks[1..] {
             if alive.is_empty() {
                 break;
             }
-            let holders = self.holders.get(block).map_or(&[][..], Holders::as_slice);
-            if holders == alive.as_slice() {
+            let holders = self.holders.get(block);
+            if let Some(h) = holders
+                && h.len() == alive.len()
+                && h.fingerprint() == alive_print
+            {
                 // The common case down a shared prefix: everyone still
-                // matches (one slice compare instead of a search each).
+                // matches (a length and a fingerprint, one cache line,
+                // instead of comparing or searching the list).
                 depth += 1;
                 continue;
             }
+            let holders = holders.map_or(&[][..], Holders::as_slice);
             alive.retain(|s| {
                 let still = holders.binary_search(s).is_ok();
                 if !still {
                     done.push((*s, depth));
+                    alive_print ^= holders::fingerprint_of(*s);
                 }
                 still
             });

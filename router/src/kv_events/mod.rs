@@ -24,6 +24,7 @@ pub mod chat_template;
 pub mod engine_tokens;
 pub mod holders;
 pub mod index;
+pub mod msgpack;
 pub mod sequence;
 pub mod subscriber;
 pub mod token_cache;
@@ -153,20 +154,57 @@ impl KvEvents {
             .collect()
     }
 
-    /// The chained block hashes of `request`'s prompt and its length in
-    /// tokens, or `None` when no tokenizer serves its model or it has no
-    /// text.
+    /// The chained block hashes of `request`'s prompt, as deep as any
+    /// engine may cache it, and its length in tokens; `None` when no
+    /// tokenizer serves its model or it has no text.
+    ///
+    /// Tokenizing is most of a selection's cost, and no engine can hold a
+    /// block whose parent it does not hold (a prefix match stops at the
+    /// first miss), so the prompt is tokenized segment by segment and
+    /// stops after the first segment whose last full block no engine
+    /// holds: a first turn of 8k tokens tokenizes its shared opening and
+    /// one segment more, a later turn its cached history and one segment.
     pub fn prompt_blocks(&self, request: &RequestInfo) -> Option<PromptBlocks> {
-        let ids = self.tokenizers.encode_request(request)?;
-        let size = self.config.kv_block_size;
-        let hashes = chain::blocks(chain::seed(None), &ids, size);
-        let parent = hashes.last().copied().unwrap_or(chain::seed(None));
-        let whole = chain::block(parent, &ids[hashes.len() * size..]);
+        let size = self.config.kv_block_size.max(1);
+        let mut hashes: Vec<u64> = Vec::new();
+        let seed = self.chain_seed(request.model.as_deref());
+        let mut parent = seed;
+        let chain_to = |ids: &[u32], hashes: &mut Vec<u64>, parent: &mut u64| {
+            let from = hashes.len() * size;
+            let to = ids.len() / size * size;
+            if let Some(new) = ids.get(from..to) {
+                for chunk in new.chunks_exact(size) {
+                    *parent = chain::block(*parent, chunk);
+                    hashes.push(*parent);
+                }
+            }
+        };
+        let prefix = self.tokenizers.encode_request_while(request, |ids| {
+            let before = hashes.len();
+            chain_to(ids, &mut hashes, &mut parent);
+            hashes.len() == before || self.read().holds(parent)
+        })?;
+        chain_to(&prefix.ids, &mut hashes, &mut parent);
+        let whole = match request.text.as_deref() {
+            Some(text) => chain::text(seed, text.as_bytes()),
+            None => chain::block(parent, &prefix.ids[hashes.len() * size..]),
+        };
         Some(PromptBlocks {
             hashes,
-            tokens: ids.len(),
+            tokens: prefix.estimated_tokens(),
             whole,
         })
+    }
+
+    /// The seed of a request's block chain: its model's name when the
+    /// engines have cached blocks under that name as an adapter (vLLM and
+    /// SGLang name a LoRA adapter by the model clients ask for), else the
+    /// base model's. Blocks are per adapter.
+    fn chain_seed(&self, model: Option<&str>) -> u64 {
+        match model {
+            Some(name) if self.read().has_adapter(name) => chain::seed(Some(name)),
+            _ => chain::seed(None),
+        }
     }
 
     /// Fills `request.token_ids` from one of its model's engines when
@@ -351,6 +389,118 @@ fn url_host(url: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fixture() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/tokenizer/tokenizer.json")
+    }
+
+    fn with_fixture() -> KvEvents {
+        KvEvents::new(KvEventsConfig {
+            kv_tokenizer: vec![fixture().display().to_string()],
+            ..KvEventsConfig::default()
+        })
+    }
+
+    /// A long completion prompt (~6k tokens of the fixture).
+    fn long_prompt() -> String {
+        let mut text = String::new();
+        let mut i = 0u64;
+        while text.len() < 24_000 {
+            text.push_str(
+                ["alpha ", "bravo ", "charlie ", "delta ", "echo "][(i * 7 % 5) as usize],
+            );
+            text.push_str(&format!("w{i} "));
+            i += 1;
+        }
+        text
+    }
+
+    /// The fixture's ids for `text`, from a tokenizer of its own (the
+    /// replica's would remember the text in its prefix cache).
+    fn ids_of(text: &str) -> Vec<u32> {
+        Tokenizers::load(&[(None, fixture())], &[])
+            .unwrap()
+            .encode(None, text)
+            .unwrap()
+    }
+
+    /// Stores `tokens`' full blocks as one engine's, under `lora`.
+    fn store(kv: &KvEvents, tokens: &[u32], lora: Option<&str>) {
+        let size = kv.block_size();
+        let blocks = tokens.len() / size;
+        let mut index = kv.index.write().unwrap();
+        let stream = index.add_stream(7);
+        index.set_coverage(stream, Coverage::Complete);
+        index.apply(
+            stream,
+            &[wire::KvEvent::Stored(wire::Stored {
+                block_hashes: (0..blocks as u64).collect(),
+                parent: None,
+                token_ids: Some(tokens[..blocks * size].to_vec()),
+                block_size: Some(size as u32),
+                lora: lora.map(str::to_owned),
+                on_gpu: true,
+                main_group: true,
+            })],
+        );
+    }
+
+    fn completion(model: &str, prompt: &str) -> RequestInfo {
+        let body = serde_json::json!({"model": model, "prompt": prompt}).to_string();
+        crate::request::inspect(body.as_bytes(), Some(1 << 20)).unwrap()
+    }
+
+    #[test]
+    fn a_prompt_is_tokenized_only_as_deep_as_some_engine_holds_it() {
+        let kv = with_fixture();
+        let text = long_prompt();
+        let ids = ids_of(&text);
+        let all = chain::blocks(chain::seed(None), &ids, kv.block_size());
+        // Nothing held: one segment is tokenized, then it stops.
+        let cold = kv.prompt_blocks(&completion("m", &text)).unwrap();
+        assert!(
+            !cold.hashes.is_empty() && cold.hashes.len() < all.len() / 10,
+            "{} of {}",
+            cold.hashes.len(),
+            all.len()
+        );
+        assert_eq!(cold.hashes[..], all[..cold.hashes.len()]);
+        // The estimate of the whole prompt's tokens is close to the truth.
+        let off = cold.tokens.abs_diff(ids.len()) as f64 / ids.len() as f64;
+        assert!(off < 0.25, "estimated {} of {}", cold.tokens, ids.len());
+        // An engine holding the first third: the blocks go past it by at
+        // most a segment, and all of them are the whole prompt's.
+        store(&kv, &ids[..ids.len() / 3], None);
+        let warm = kv.prompt_blocks(&completion("m", &text)).unwrap();
+        assert!(warm.hashes.len() > all.len() / 3 && warm.hashes.len() < all.len() / 2);
+        assert_eq!(warm.hashes[..], all[..warm.hashes.len()]);
+        let mut depth = IdMap::default();
+        kv.cached_blocks(&warm.hashes, &mut depth);
+        assert_eq!(depth.get(&7), Some(&(ids.len() / 3 / kv.block_size())));
+        // Held whole: every block, the exact count, the same identity.
+        store(&kv, &ids, None);
+        let whole = kv.prompt_blocks(&completion("m", &text)).unwrap();
+        assert_eq!(whole.hashes, all);
+        assert_eq!(whole.tokens, ids.len());
+        assert_eq!(whole.whole, cold.whole);
+    }
+
+    #[test]
+    fn an_adapters_requests_chain_from_its_own_seed_once_its_blocks_are_seen() {
+        let kv = with_fixture();
+        let text = long_prompt();
+        let ids = ids_of(&text);
+        store(&kv, &ids[..ids.len() / 4], Some("my-lora"));
+        let mut depth = IdMap::default();
+        let adapter = kv.prompt_blocks(&completion("my-lora", &text)).unwrap();
+        kv.cached_blocks(&adapter.hashes, &mut depth);
+        assert_eq!(depth.get(&7), Some(&(ids.len() / 4 / kv.block_size())));
+        // The base model's requests do not match the adapter's blocks.
+        let base = kv.prompt_blocks(&completion("base", &text)).unwrap();
+        kv.cached_blocks(&base.hashes, &mut depth);
+        assert!(depth.is_empty(), "{depth:?}");
+    }
 
     #[test]
     fn endpoints_follow_the_worker_host_and_the_rank_offset() {

@@ -149,12 +149,32 @@ impl Segmenter {
     /// [`Segmenter::encode`], adding the tokenizer's special tokens only
     /// when `special` (a rendered chat template writes its own).
     pub fn encode_with(&self, text: &str, special: bool) -> Option<Vec<u32>> {
+        self.encode_while(text, special, |_| true)
+            .map(|prefix| prefix.ids)
+    }
+
+    /// The token ids of a prefix of `text`, segment by segment: after each
+    /// segment (and after the cached prefix) `more` sees the ids so far
+    /// and says whether to go on. A router needs a prompt's tokens only as
+    /// deep as some engine may cache them, and tokenizing is most of a
+    /// selection's cost, so the caller stops at the first block no engine
+    /// holds. A tokenizer that is not exact by segments tokenizes the whole
+    /// text. `None` if the tokenizer fails.
+    pub fn encode_while(
+        &self,
+        text: &str,
+        special: bool,
+        mut more: impl FnMut(&[u32]) -> bool,
+    ) -> Option<TokenPrefix> {
         if !self.exact {
-            return self
+            let ids = self
                 .tokenizer
                 .encode_fast(text, special)
-                .ok()
-                .map(|e| e.get_ids().to_vec());
+                .ok()?
+                .get_ids()
+                .to_vec();
+            more(&ids);
+            return Some(TokenPrefix::whole(ids, text));
         }
         let cuts = splits(text);
         // keys[k]: the text before cut k (the last key is the whole text).
@@ -177,8 +197,12 @@ impl Segmenter {
                     .map(|c| (k, c.clone()))
             })
         };
-        let (done, mut ids) = match hit {
-            Some((k, c)) if k + 1 == keys.len() => return c.ids.get(..c.len).map(<[u32]>::to_vec),
+        let (done, ids) = match hit {
+            Some((k, c)) if k + 1 == keys.len() => {
+                let ids = c.ids.get(..c.len)?.to_vec();
+                more(&ids);
+                return Some(TokenPrefix::whole(ids, text));
+            }
             Some((k, c)) => (k + 1, c.ids.get(..c.len)?.to_vec()),
             None => (0, Vec::with_capacity(text.len() / 3)),
         };
@@ -189,19 +213,36 @@ impl Segmenter {
         if let Some(last) = ends.last_mut() {
             *last = ids.len();
         }
-        ids = encode_segments_recording(
-            &self.tokenizer,
-            Segments {
+        let ids = if done > 0 && !more(&ids) {
+            ids
+        } else {
+            let segments = Segments {
                 text,
                 cuts: &cuts,
                 special,
-            },
-            done,
+            };
+            let ids = encode_segments_recording(
+                &self.tokenizer,
+                segments,
+                done,
+                ids,
+                &mut ends,
+                &mut more,
+            )?;
+            self.remember(&keys, &ends, done.saturating_sub(1), &ids);
+            ids
+        };
+        // Segments covered: `ends` has one entry per segment read.
+        let covered = match ends.len() {
+            0 => 0,
+            n if n >= keys.len() => text.len(),
+            n => cuts[n - 1],
+        };
+        Some(TokenPrefix {
             ids,
-            &mut ends,
-        )?;
-        self.remember(&keys, &ends, done.saturating_sub(1), &ids);
-        Some(ids)
+            bytes: covered,
+            text_bytes: text.len(),
+        })
     }
 
     /// Records the checkpoints of segments `from..` of a prompt.
@@ -221,6 +262,43 @@ impl Segmenter {
             let ids = shared.clone();
             cache.current.insert(key, Checkpoint { ids, len });
         }
+    }
+}
+
+/// The token ids of a prefix of a text (all of it, unless the caller
+/// stopped early), and how much of the text they cover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenPrefix {
+    /// The ids of the text's first `bytes` bytes.
+    pub ids: Vec<u32>,
+    /// Bytes of the text tokenized (a segment boundary, or its length).
+    pub bytes: usize,
+    /// The text's length in bytes.
+    pub text_bytes: usize,
+}
+
+impl TokenPrefix {
+    fn whole(ids: Vec<u32>, text: &str) -> Self {
+        Self {
+            ids,
+            bytes: text.len(),
+            text_bytes: text.len(),
+        }
+    }
+
+    /// Whether the whole text was tokenized.
+    pub fn is_whole(&self) -> bool {
+        self.bytes >= self.text_bytes
+    }
+
+    /// The whole text's length in tokens: exact when it was all
+    /// tokenized, else extrapolated from the tokens per byte of the part
+    /// that was.
+    pub fn estimated_tokens(&self) -> usize {
+        if self.is_whole() || self.bytes == 0 {
+            return self.ids.len();
+        }
+        (self.ids.len() as u128 * self.text_bytes as u128 / self.bytes as u128) as usize
     }
 }
 
@@ -247,7 +325,9 @@ fn encode_segments(
         cuts,
         special: true,
     };
-    encode_segments_recording(tokenizer, segments, from, ids, &mut Vec::new())
+    encode_segments_recording(tokenizer, segments, from, ids, &mut Vec::new(), &mut |_| {
+        true
+    })
 }
 
 /// [`encode_segments`], pushing onto `ends` the id count after each
@@ -262,6 +342,7 @@ fn encode_segments_recording(
     from: usize,
     mut ids: Vec<u32>,
     ends: &mut Vec<usize>,
+    more: &mut dyn FnMut(&[u32]) -> bool,
 ) -> Option<Vec<u32>> {
     let starts = std::iter::once(0).chain(cuts.iter().copied());
     let stops = cuts.iter().copied().chain(std::iter::once(text.len()));
@@ -270,6 +351,9 @@ fn encode_segments_recording(
         let encoding = tokenizer.encode_fast(segment, special && k == 0).ok()?;
         ids.extend_from_slice(encoding.get_ids());
         ends.push(ids.len());
+        if !more(&ids) {
+            break;
+        }
     }
     Some(ids)
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use super::chat_template::{ChatTemplate, TemplateMessage};
-use super::token_cache::Segmenter;
+use super::token_cache::{Segmenter, TokenPrefix};
 use crate::config::defaults::KV_TOKEN_CACHE_BYTES;
 use crate::request::RequestInfo;
 
@@ -103,16 +103,33 @@ impl Tokenizers {
     /// or when rendering or encoding fails (the request then matches
     /// nothing and is routed as an unseen prompt).
     pub fn encode_request(&self, request: &RequestInfo) -> Option<Vec<u32>> {
+        self.encode_request_while(request, |_| true)
+            .map(|prefix| prefix.ids)
+    }
+
+    /// [`Tokenizers::encode_request`] as deep as `more` wants (see
+    /// [`Segmenter::encode_while`]): the ids of a prefix of the prompt.
+    pub fn encode_request_while(
+        &self,
+        request: &RequestInfo,
+        more: impl FnMut(&[u32]) -> bool,
+    ) -> Option<TokenPrefix> {
+        let text = request.text.as_deref();
         if let Some(ids) = &request.token_ids {
-            return Some(ids.to_vec());
+            let bytes = text.map_or(0, str::len);
+            return Some(TokenPrefix {
+                ids: ids.to_vec(),
+                bytes,
+                text_bytes: bytes,
+            });
         }
         let model = request.model.as_deref();
-        let text = request.text.as_deref()?;
+        let text = text?;
         let tokenizer = for_model(&self.by_model, model)?;
         let Some(template) =
             for_model(&self.templates, model).filter(|_| !request.turns.is_empty())
         else {
-            return tokenizer.encode(text);
+            return tokenizer.encode_while(text, true, more);
         };
         let messages: Vec<TemplateMessage<'_>> = request
             .turns
@@ -123,7 +140,7 @@ impl Tokenizers {
             })
             .collect();
         match template.render(&messages) {
-            Ok(rendered) => tokenizer.encode_with(&rendered, false),
+            Ok(rendered) => tokenizer.encode_while(&rendered, false, more),
             Err(e) => {
                 tracing::debug!(error = %e, "the chat template failed on a request");
                 None

@@ -24,7 +24,7 @@
 //! [`MAX_DEPTH`], has trailing bytes, or lacks a required field is an
 //! error: the caller drops and counts it. Nothing here panics on input.
 
-use rmpv::Value;
+use super::msgpack::{Item, MsgpackError, Reader};
 
 /// Deepest nesting a batch may have (the real ones nest 5 levels: batch,
 /// events, event, `extra_keys`, a key tuple).
@@ -107,133 +107,325 @@ pub enum WireError {
     Shape(&'static str),
 }
 
-/// Decodes one payload frame.
-pub fn decode_batch(mut payload: &[u8]) -> Result<EventBatch, WireError> {
-    let value = rmpv::decode::read_value_with_max_depth(&mut payload, MAX_DEPTH)
-        .map_err(|e| WireError::Msgpack(e.to_string()))?;
-    if !payload.is_empty() {
-        return Err(WireError::Trailing(payload.len()));
+/// Decodes one payload frame, in one pass over its bytes.
+pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
+    let mut reader = Reader::new(payload);
+    let batch = read_batch(&mut reader)?;
+    if reader.remaining() > 0 {
+        return Err(WireError::Trailing(reader.remaining()));
     }
-    let (ts, events, rank) = match &value {
-        Value::Array(items) => (items.first(), items.get(1), items.get(2)),
-        Value::Map(_) => (
-            map_get(&value, "ts"),
-            map_get(&value, "events"),
-            map_get(&value, "data_parallel_rank").or_else(|| map_get(&value, "attn_dp_rank")),
-        ),
+    Ok(batch)
+}
+
+fn malformed(e: MsgpackError) -> WireError {
+    WireError::Msgpack(e.to_string())
+}
+
+/// The nesting a value at `level` may have, itself included (the batch is
+/// level 1; nothing may sit deeper than [`MAX_DEPTH`]).
+fn room(level: usize) -> usize {
+    (MAX_DEPTH + 1).saturating_sub(level)
+}
+
+/// Reads one value at `level` that should be a scalar: its head, with a
+/// container's contents skipped (the caller sees `Array`/`Map` and treats
+/// it as the wrong type).
+fn scalar<'a>(reader: &mut Reader<'a>, level: usize) -> Result<Item<'a>, WireError> {
+    let head = reader.item().map_err(malformed)?;
+    reader.skip_contents(head, room(level)).map_err(malformed)?;
+    Ok(head)
+}
+
+fn read_batch(reader: &mut Reader<'_>) -> Result<EventBatch, WireError> {
+    const LEVEL: usize = 2;
+    let (mut ts, mut events, mut rank, mut attn_rank) = (None, None, None, None);
+    match reader.item().map_err(malformed)? {
+        Item::Array(n) => {
+            for position in 0..n {
+                match position {
+                    0 => ts = Some(scalar(reader, LEVEL)?),
+                    1 => events = Some(read_events(reader)?),
+                    2 => rank = Some(scalar(reader, LEVEL)?),
+                    _ => reader.skip(room(LEVEL)).map_err(malformed)?,
+                }
+            }
+        }
+        Item::Map(n) => {
+            for _ in 0..n {
+                let key = scalar(reader, LEVEL)?;
+                match key.as_str() {
+                    Some("ts") if ts.is_none() => ts = Some(scalar(reader, LEVEL)?),
+                    Some("events") if events.is_none() => events = Some(read_events(reader)?),
+                    Some("data_parallel_rank") if rank.is_none() => {
+                        rank = Some(scalar(reader, LEVEL)?)
+                    }
+                    Some("attn_dp_rank") if attn_rank.is_none() => {
+                        attn_rank = Some(scalar(reader, LEVEL)?)
+                    }
+                    _ => reader.skip(room(LEVEL)).map_err(malformed)?,
+                }
+            }
+        }
         _ => return Err(WireError::Shape("the batch is neither an array nor a map")),
-    };
-    let Some(Value::Array(raw_events)) = events else {
-        return Err(WireError::Shape("the batch has no event list"));
-    };
-    let events = raw_events
-        .iter()
-        .map(decode_event)
-        .collect::<Result<Vec<_>, _>>()?;
+    }
+    let rank = rank.filter(|r| *r != Item::Nil).or(attn_rank);
     Ok(EventBatch {
-        ts: ts.and_then(Value::as_f64).filter(|t| t.is_finite()),
-        events,
+        ts: ts.and_then(|t| t.as_f64()).filter(|t| t.is_finite()),
+        events: events.ok_or(WireError::Shape("the batch has no event list"))??,
         dp_rank: rank
-            .and_then(Value::as_u64)
+            .and_then(|r| r.as_u64())
             .and_then(|r| u32::try_from(r).ok()),
     })
 }
 
-/// The value under `key` in a msgpack map.
-fn map_get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
-    match value {
-        Value::Map(entries) => entries
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v),
-        _ => None,
+/// The event list (level 2): its events, or why it is not a list. An
+/// `Err` inside means the list was read whole but is not one; an `Err`
+/// outside, that the bytes could not be read on.
+fn read_events(reader: &mut Reader<'_>) -> Result<Result<Vec<KvEvent>, WireError>, WireError> {
+    const LEVEL: usize = 2;
+    let head = reader.item().map_err(malformed)?;
+    let Item::Array(n) = head else {
+        reader.skip_contents(head, room(LEVEL)).map_err(malformed)?;
+        return Ok(Err(WireError::Shape("the batch has no event list")));
+    };
+    // Each event takes at least one byte: a count past the bytes left is
+    // a lie, not a reason to reserve memory.
+    let mut events = Vec::with_capacity(n.min(reader.remaining()));
+    for _ in 0..n {
+        events.push(read_event(reader)?);
     }
+    Ok(Ok(events))
 }
 
-/// An event's fields, whichever encoding it came in.
-struct Fields<'a>(&'a Value);
+/// The fields an event may carry, as read (a nil is the field's absence).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Tag,
+    Hashes,
+    Parent,
+    Tokens,
+    BlockSize,
+    LoraId,
+    Medium,
+    LoraName,
+    Group,
+    SpecKind,
+    /// Not read (an unknown name or position): skipped.
+    Other,
+}
 
-impl<'a> Fields<'a> {
-    /// The event's type tag.
-    fn tag(&self) -> Option<&'a str> {
-        match self.0 {
-            Value::Array(items) => items.first()?.as_str(),
-            Value::Map(_) => map_get(self.0, "type")?.as_str(),
-            _ => None,
+impl Field {
+    /// A map event's field by name (vLLM ≥ 0.24, SGLang ≥ 0.5.20).
+    fn named(name: &str) -> Field {
+        match name {
+            "type" => Field::Tag,
+            "block_hashes" => Field::Hashes,
+            "parent_block_hash" => Field::Parent,
+            "token_ids" => Field::Tokens,
+            "block_size" => Field::BlockSize,
+            "lora_id" => Field::LoraId,
+            "medium" => Field::Medium,
+            "lora_name" => Field::LoraName,
+            "group_idx" => Field::Group,
+            "kv_cache_spec_kind" => Field::SpecKind,
+            _ => Field::Other,
         }
     }
 
-    /// Field `name`, declared at `position` (1-based: position 0 is the
-    /// tag) in the positional encoding. A nil is the field's absence.
-    fn get(&self, position: usize, name: &str) -> Option<&'a Value> {
-        let value = match self.0 {
-            Value::Array(items) => items.get(position),
-            Value::Map(_) => map_get(self.0, name),
-            _ => None,
-        }?;
-        (!value.is_nil()).then_some(value)
+    /// A positional event's field at `position` (1-based: the tag is 0),
+    /// in vLLM's declaration order; SGLang's is the same for the fields it
+    /// has.
+    fn at(kind: Kind, position: usize) -> Field {
+        match (kind, position) {
+            (Kind::Stored, 1) | (Kind::Removed, 1) => Field::Hashes,
+            (Kind::Stored, 2) => Field::Parent,
+            (Kind::Stored, 3) => Field::Tokens,
+            (Kind::Stored, 4) => Field::BlockSize,
+            (Kind::Stored, 5) => Field::LoraId,
+            (Kind::Stored, 6) | (Kind::Removed, 2) => Field::Medium,
+            (Kind::Stored, 7) => Field::LoraName,
+            (Kind::Stored, 9) | (Kind::Removed, 3) => Field::Group,
+            (Kind::Stored, 10) => Field::SpecKind,
+            _ => Field::Other,
+        }
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
     }
 }
 
-// Field positions in the positional encoding (vLLM's declaration order;
-// SGLang's is the same for the fields it has).
-const STORED_HASHES: usize = 1;
-const STORED_PARENT: usize = 2;
-const STORED_TOKENS: usize = 3;
-const STORED_BLOCK_SIZE: usize = 4;
-const STORED_LORA_ID: usize = 5;
-const STORED_MEDIUM: usize = 6;
-const STORED_LORA_NAME: usize = 7;
-const STORED_GROUP: usize = 9;
-const STORED_SPEC_KIND: usize = 10;
-const REMOVED_HASHES: usize = 1;
-const REMOVED_MEDIUM: usize = 2;
-const REMOVED_GROUP: usize = 3;
+/// An event's type, from its tag.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Stored,
+    Removed,
+    Cleared,
+    Unknown,
+}
 
-fn decode_event(value: &Value) -> Result<KvEvent, WireError> {
-    let fields = Fields(value);
-    let Some(tag) = fields.tag() else {
-        return Err(WireError::Shape("an event has no type tag"));
-    };
-    Ok(match tag {
-        "BlockStored" | "BlockStoredWithMetadata" => KvEvent::Stored(Stored {
-            block_hashes: hashes(fields.get(STORED_HASHES, "block_hashes"))?,
-            parent: match fields.get(STORED_PARENT, "parent_block_hash") {
-                None => None,
-                Some(v) => Some(hash(v).ok_or(WireError::Shape("a parent hash is not a hash"))?),
-            },
-            token_ids: fields
-                .get(STORED_TOKENS, "token_ids")
-                .map(tokens)
-                .transpose()?,
-            block_size: fields
-                .get(STORED_BLOCK_SIZE, "block_size")
-                .and_then(Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok())
-                .filter(|n| *n > 0),
-            lora: lora(&fields),
-            on_gpu: on_gpu(fields.get(STORED_MEDIUM, "medium")),
-            main_group: main_group(
-                fields.get(STORED_GROUP, "group_idx"),
-                fields.get(STORED_SPEC_KIND, "kv_cache_spec_kind"),
-            ),
-        }),
-        "BlockRemoved" => KvEvent::Removed(Removed {
-            block_hashes: hashes(fields.get(REMOVED_HASHES, "block_hashes"))?,
-            on_gpu: on_gpu(fields.get(REMOVED_MEDIUM, "medium")),
-            main_group: main_group(fields.get(REMOVED_GROUP, "group_idx"), None),
-        }),
-        "AllBlocksCleared" => KvEvent::AllCleared,
-        other => KvEvent::Unknown(other.chars().take(64).collect()),
-    })
+impl Kind {
+    fn of(tag: &str) -> Kind {
+        match tag {
+            "BlockStored" | "BlockStoredWithMetadata" => Kind::Stored,
+            "BlockRemoved" => Kind::Removed,
+            "AllBlocksCleared" => Kind::Cleared,
+            _ => Kind::Unknown,
+        }
+    }
+}
+
+/// What one event's fields said, before its type decides what is needed.
+/// A field of the wrong type is kept as the error it would be, because
+/// whether it matters depends on the type (an unknown event's fields do
+/// not), and a map may name its type last.
+#[derive(Default)]
+struct Raw<'a> {
+    tag: Option<&'a str>,
+    hashes: Option<Result<Vec<u64>, WireError>>,
+    parent: Option<Result<u64, WireError>>,
+    tokens: Option<Result<Vec<u32>, WireError>>,
+    block_size: Option<u64>,
+    lora_id: Option<i64>,
+    /// `Some(None)`: sent, but not a string (no adapter name then, and no
+    /// fallback to the id, as the engines mean it).
+    lora_name: Option<Option<&'a str>>,
+    medium: Option<Option<&'a str>>,
+    group: Option<u64>,
+    spec_kind: Option<&'a str>,
+    /// Fields already read (a repeated map key keeps its first value).
+    seen: u16,
+}
+
+/// Events (level 3) and their fields (level 4).
+const EVENT_LEVEL: usize = 3;
+const FIELD_LEVEL: usize = 4;
+
+fn read_event(reader: &mut Reader<'_>) -> Result<KvEvent, WireError> {
+    const NO_TAG: WireError = WireError::Shape("an event has no type tag");
+    let mut raw = Raw::default();
+    match reader.item().map_err(malformed)? {
+        Item::Array(n) => {
+            if n == 0 {
+                return Err(NO_TAG);
+            }
+            let tag = scalar(reader, FIELD_LEVEL)?.as_str().ok_or(NO_TAG)?;
+            raw.tag = Some(tag);
+            let kind = Kind::of(tag);
+            for position in 1..n {
+                read_field(reader, Field::at(kind, position), &mut raw)?;
+            }
+        }
+        Item::Map(n) => {
+            for _ in 0..n {
+                let field = scalar(reader, FIELD_LEVEL)?
+                    .as_str()
+                    .map_or(Field::Other, Field::named);
+                read_field(reader, field, &mut raw)?;
+            }
+        }
+        other => {
+            reader
+                .skip_contents(other, room(EVENT_LEVEL))
+                .map_err(malformed)?;
+            return Err(NO_TAG);
+        }
+    }
+    raw.into_event()
+}
+
+/// Reads one field's value into `raw` (skipping it when it is not read,
+/// or already was).
+fn read_field<'a>(
+    reader: &mut Reader<'a>,
+    field: Field,
+    raw: &mut Raw<'a>,
+) -> Result<(), WireError> {
+    if field == Field::Other || raw.seen & field.bit() != 0 {
+        return reader.skip(room(FIELD_LEVEL)).map_err(malformed);
+    }
+    raw.seen |= field.bit();
+    let head = reader.item().map_err(malformed)?;
+    if head == Item::Nil {
+        return Ok(());
+    }
+    match field {
+        Field::Hashes => raw.hashes = Some(read_hashes(reader, head)?),
+        Field::Tokens => raw.tokens = Some(read_tokens(reader, head)?),
+        _ => {
+            reader
+                .skip_contents(head, room(FIELD_LEVEL))
+                .map_err(malformed)?;
+            match field {
+                Field::Tag => raw.tag = head.as_str(),
+                Field::Parent => {
+                    raw.parent =
+                        Some(hash_of(head).ok_or(WireError::Shape("a parent hash is not a hash")))
+                }
+                Field::BlockSize => raw.block_size = head.as_u64(),
+                Field::LoraId => raw.lora_id = head.as_i64(),
+                Field::LoraName => raw.lora_name = Some(head.as_str()),
+                Field::Medium => raw.medium = Some(head.as_str()),
+                Field::Group => raw.group = head.as_u64(),
+                Field::SpecKind => raw.spec_kind = head.as_str(),
+                Field::Hashes | Field::Tokens | Field::Other => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Raw<'_> {
+    fn into_event(self) -> Result<KvEvent, WireError> {
+        let Raw {
+            tag,
+            hashes,
+            parent,
+            tokens,
+            block_size,
+            lora_id,
+            lora_name,
+            medium,
+            group,
+            spec_kind,
+            seen: _,
+        } = self;
+        let tag = tag.ok_or(WireError::Shape("an event has no type tag"))?;
+        const NO_HASHES: WireError = WireError::Shape("an event has no block_hashes list");
+        let on_gpu = medium.is_none_or(|m| m == Some(MEDIUM_GPU));
+        Ok(match Kind::of(tag) {
+            Kind::Stored => KvEvent::Stored(Stored {
+                block_hashes: hashes.unwrap_or(Err(NO_HASHES))?,
+                parent: parent.transpose()?,
+                token_ids: tokens.transpose()?,
+                block_size: block_size
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n > 0),
+                lora: match lora_name {
+                    Some(name) => name.map(str::to_owned),
+                    None => lora_id.map(|id| format!("lora-id:{id}")),
+                },
+                on_gpu,
+                main_group: main_group(group, spec_kind),
+            }),
+            Kind::Removed => KvEvent::Removed(Removed {
+                block_hashes: hashes.unwrap_or(Err(NO_HASHES))?,
+                on_gpu,
+                main_group: main_group(group, None),
+            }),
+            Kind::Cleared => KvEvent::AllCleared,
+            Kind::Unknown => KvEvent::Unknown(tag.chars().take(64).collect()),
+        })
+    }
 }
 
 /// A block hash as a `u64` bit pattern: an int (either sign), or bytes by
 /// their last 8 bytes big-endian (shorter ones left-padded with zeros).
-pub fn hash(value: &Value) -> Option<u64> {
+pub fn hash_of(value: Item<'_>) -> Option<u64> {
     match value {
-        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|s| s as u64)),
-        Value::Binary(bytes) => {
+        Item::Uint(n) => Some(n),
+        Item::Int(n) => Some(n as u64),
+        Item::Bin(bytes) => {
             let tail = &bytes[bytes.len().saturating_sub(8)..];
             Some(tail.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
         }
@@ -241,60 +433,96 @@ pub fn hash(value: &Value) -> Option<u64> {
     }
 }
 
-fn hashes(value: Option<&Value>) -> Result<Vec<u64>, WireError> {
-    let Some(Value::Array(items)) = value else {
-        return Err(WireError::Shape("an event has no block_hashes list"));
+/// The hash list whose head is `head` (read whole even when an element is
+/// not a hash, so the batch can be read on).
+fn read_hashes(
+    reader: &mut Reader<'_>,
+    head: Item<'_>,
+) -> Result<Result<Vec<u64>, WireError>, WireError> {
+    let Item::Array(n) = head else {
+        reader
+            .skip_contents(head, room(FIELD_LEVEL))
+            .map_err(malformed)?;
+        return Ok(Err(WireError::Shape("an event has no block_hashes list")));
     };
-    items
-        .iter()
-        .map(|v| hash(v).ok_or(WireError::Shape("a block hash is not a hash")))
-        .collect()
-}
-
-fn tokens(value: &Value) -> Result<Vec<u32>, WireError> {
-    let Value::Array(items) = value else {
-        return Err(WireError::Shape("token_ids is not a list"));
-    };
-    items
-        .iter()
-        .map(|v| {
-            // EAGLE pages send [token, next token] pairs.
-            let token = match v {
-                Value::Array(pair) => pair.first(),
-                other => Some(other),
-            };
-            token
-                .and_then(Value::as_u64)
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or(WireError::Shape("a token id is not a 32-bit unsigned int"))
-        })
-        .collect()
-}
-
-fn lora(fields: &Fields<'_>) -> Option<String> {
-    if let Some(name) = fields.get(STORED_LORA_NAME, "lora_name") {
-        return name.as_str().map(str::to_owned);
+    let mut out = Ok(Vec::with_capacity(n.min(reader.remaining())));
+    for _ in 0..n {
+        if let (Ok(list), Some(hash)) = (&mut out, reader.uint()) {
+            list.push(hash);
+            continue;
+        }
+        let element = scalar(reader, FIELD_LEVEL + 1)?;
+        match (&mut out, hash_of(element)) {
+            (Ok(list), Some(hash)) => list.push(hash),
+            (Ok(_), None) => out = Err(WireError::Shape("a block hash is not a hash")),
+            (Err(_), _) => {}
+        }
     }
-    fields
-        .get(STORED_LORA_ID, "lora_id")
-        .and_then(Value::as_i64)
-        .map(|id| format!("lora-id:{id}"))
+    Ok(out)
 }
 
-fn on_gpu(medium: Option<&Value>) -> bool {
-    medium.is_none_or(|m| m.as_str() == Some(MEDIUM_GPU))
+/// The token list whose head is `head`: ints, or `[token, next]` pairs
+/// (SGLang's EAGLE bigram pages; the first is the token).
+fn read_tokens(
+    reader: &mut Reader<'_>,
+    head: Item<'_>,
+) -> Result<Result<Vec<u32>, WireError>, WireError> {
+    const NOT_A_TOKEN: WireError = WireError::Shape("a token id is not a 32-bit unsigned int");
+    let Item::Array(n) = head else {
+        reader
+            .skip_contents(head, room(FIELD_LEVEL))
+            .map_err(malformed)?;
+        return Ok(Err(WireError::Shape("token_ids is not a list")));
+    };
+    let mut out = Ok(Vec::with_capacity(n.min(reader.remaining())));
+    for _ in 0..n {
+        if let Ok(list) = &mut out
+            && let Some(token) = reader.uint()
+        {
+            match u32::try_from(token) {
+                Ok(token) => list.push(token),
+                Err(_) => out = Err(NOT_A_TOKEN),
+            }
+            continue;
+        }
+        let token = match reader.item().map_err(malformed)? {
+            Item::Array(len) => {
+                let mut first = None;
+                for k in 0..len {
+                    let element = scalar(reader, FIELD_LEVEL + 2)?;
+                    if k == 0 {
+                        first = element.as_u64();
+                    }
+                }
+                first
+            }
+            Item::Map(len) => {
+                reader
+                    .skip_contents(Item::Map(len), room(FIELD_LEVEL + 1))
+                    .map_err(malformed)?;
+                None
+            }
+            scalar => scalar.as_u64(),
+        };
+        match (&mut out, token.and_then(|t| u32::try_from(t).ok())) {
+            (Ok(list), Some(token)) => list.push(token),
+            (Ok(_), None) => out = Err(NOT_A_TOKEN),
+            (Err(_), _) => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Main attention group: a full-attention kind when the engine names the
 /// kind, else group 0 (or no group: single-group models).
-fn main_group(group: Option<&Value>, kind: Option<&Value>) -> bool {
-    if let Some(kind) = kind.and_then(Value::as_str) {
+fn main_group(group: Option<u64>, kind: Option<&str>) -> bool {
+    if let Some(kind) = kind {
         return matches!(
             kind,
             "full_attention" | "mla_attention" | "sink_full_attention"
         );
     }
-    group.and_then(Value::as_u64).is_none_or(|g| g == 0)
+    group.is_none_or(|g| g == 0)
 }
 
 #[cfg(test)]

@@ -189,3 +189,166 @@ fn unknown_events_and_extra_fields_are_tolerated() {
         })]
     );
 }
+
+/// A tiny xorshift for the round-trip tests (fixed, platform-independent).
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// A random event this decoder can represent, and how an engine would
+/// encode it: positionally (`["BlockStored", …]`) or as a map with the tag
+/// written last (any key order is legal msgpack).
+fn random_event(state: &mut u64, map: bool) -> (KvEvent, rmpv::Value) {
+    use rmpv::Value;
+    let n = (next(state) % 5) as usize;
+    let hashes: Vec<u64> = (0..n).map(|_| next(state)).collect();
+    let hash_values: Vec<Value> = hashes
+        .iter()
+        .map(|h| {
+            if h % 3 == 0 {
+                Value::from(*h as i64)
+            } else {
+                Value::from(*h)
+            }
+        })
+        .collect();
+    let medium = ["GPU", "CPU_TIER"][(next(state) % 2) as usize];
+    let group = next(state) % 2;
+    let fields: Vec<(&str, Value)>;
+    let event = match next(state) % 3 {
+        0 => {
+            let tokens: Vec<u32> = (0..n * 4).map(|_| (next(state) % 200_000) as u32).collect();
+            let parent = next(state).is_multiple_of(2).then(|| next(state));
+            fields = vec![
+                ("block_hashes", Value::Array(hash_values)),
+                ("parent_block_hash", parent.map_or(Value::Nil, Value::from)),
+                (
+                    "token_ids",
+                    Value::Array(tokens.iter().map(|t| Value::from(*t)).collect()),
+                ),
+                ("block_size", Value::from(4)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::from(medium)),
+                ("lora_name", Value::Nil),
+                ("extra_keys", Value::Array(vec![Value::Array(vec![])])),
+                ("group_idx", Value::from(group)),
+            ];
+            KvEvent::Stored(Stored {
+                block_hashes: hashes,
+                parent,
+                token_ids: Some(tokens),
+                block_size: Some(4),
+                lora: None,
+                on_gpu: medium == "GPU",
+                main_group: group == 0,
+            })
+        }
+        1 => {
+            fields = vec![
+                ("block_hashes", Value::Array(hash_values)),
+                ("medium", Value::from(medium)),
+                ("group_idx", Value::from(group)),
+            ];
+            KvEvent::Removed(Removed {
+                block_hashes: hashes,
+                on_gpu: medium == "GPU",
+                main_group: group == 0,
+            })
+        }
+        _ => {
+            fields = vec![];
+            KvEvent::AllCleared
+        }
+    };
+    let tag = match &event {
+        KvEvent::Stored(_) => "BlockStored",
+        KvEvent::Removed(_) => "BlockRemoved",
+        _ => "AllBlocksCleared",
+    };
+    let value = if map {
+        let mut entries: Vec<(Value, Value)> = fields
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect();
+        entries.push((Value::from("type"), Value::from(tag)));
+        Value::Map(entries)
+    } else {
+        let mut items = vec![Value::from(tag)];
+        items.extend(fields.into_iter().map(|(_, v)| v));
+        Value::Array(items)
+    };
+    (event, value)
+}
+
+#[test]
+fn random_batches_encoded_by_rmpv_decode_to_what_was_encoded() {
+    let mut state = 0x5eed_0f0e_cafe_f00du64;
+    for round in 0..500 {
+        let map = round % 2 == 1;
+        let count = (next(&mut state) % 6) as usize;
+        let (events, values): (Vec<KvEvent>, Vec<rmpv::Value>) =
+            (0..count).map(|_| random_event(&mut state, map)).unzip();
+        let batch = rmpv::Value::Array(vec![
+            rmpv::Value::F64(1.25),
+            rmpv::Value::Array(values),
+            rmpv::Value::from(round % 4),
+        ]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &batch).unwrap();
+        let decoded = decode_batch(&bytes).unwrap();
+        assert_eq!(decoded.events, events, "round {round}");
+        assert_eq!(decoded.dp_rank, Some((round % 4) as u32));
+        assert_eq!(decoded.ts, Some(1.25));
+        // And every truncation of it is an error, never a panic.
+        for cut in (0..bytes.len()).step_by(7) {
+            assert!(
+                decode_batch(&bytes[..cut]).is_err(),
+                "round {round} cut {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bad_field_of_an_unknown_event_is_ignored_but_of_a_known_one_is_an_error() {
+    use rmpv::Value;
+    let encode = |event: Value| {
+        let mut bytes = Vec::new();
+        let batch = Value::Array(vec![Value::F64(0.0), Value::Array(vec![event])]);
+        rmpv::encode::write_value(&mut bytes, &batch).unwrap();
+        bytes
+    };
+    let bad_hashes = |tag: &str| {
+        Value::Map(vec![
+            (Value::from("block_hashes"), Value::from("not a list")),
+            (Value::from("type"), Value::from(tag)),
+        ])
+    };
+    assert_eq!(
+        decode_batch(&encode(bad_hashes("FutureEvent")))
+            .unwrap()
+            .events,
+        vec![KvEvent::Unknown("FutureEvent".into())]
+    );
+    assert_eq!(
+        decode_batch(&encode(bad_hashes("BlockRemoved"))),
+        Err(WireError::Shape("an event has no block_hashes list"))
+    );
+    // A repeated key keeps its first value.
+    let twice = Value::Map(vec![
+        (Value::from("type"), Value::from("BlockRemoved")),
+        (
+            Value::from("block_hashes"),
+            Value::Array(vec![Value::from(7)]),
+        ),
+        (Value::from("block_hashes"), Value::from("ignored")),
+    ]);
+    let events = decode_batch(&encode(twice)).unwrap().events;
+    let [KvEvent::Removed(removed)] = events.as_slice() else {
+        panic!("not one removal");
+    };
+    assert_eq!(removed.block_hashes, vec![7]);
+}
