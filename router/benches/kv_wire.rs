@@ -1,10 +1,10 @@
-//! What decoding a KV-event batch costs a replica, which decodes every
-//! engine's batches: the whole decoder (`kv_events::wire::decode_batch`)
-//! against its first step alone, building the batch's msgpack value tree
-//! with `rmpv`, side by side in one run. The batch
-//! has the size the fleet benchmark's engines publish (~52 KB: 16
-//! `BlockStored` events in vLLM's map encoding, 64 blocks of 16 tokens
-//! each). Run with `cargo bench -p shoal --bench kv_wire`.
+//! What a KV-event batch costs a replica, which takes every engine's
+//! batches: the one-pass decoder (`kv_events::wire::decode_batch`) beside
+//! an `rmpv` value tree of the same bytes (what the decoder used to build
+//! first), and applying the decoded events to an index, side by side in
+//! one run. The batch has the size the fleet benchmark's engines publish
+//! (~60 KB: 16 `BlockStored` events in vLLM's map encoding, 64 blocks of
+//! 16 tokens each). Run with `cargo bench -p shoal --bench kv_wire`.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -91,4 +91,21 @@ fn rmpv_value_tree_52kb(bencher: Bencher) {
     let batch = batch();
     bencher
         .bench(|| rmpv::decode::read_value_with_max_depth(&mut black_box(&batch[..]), 16).unwrap());
+}
+
+/// Applying the decoded batch to an index: chaining its 16,384 tokens
+/// into Shoal's block hashes and recording 1,024 new blocks (a fresh
+/// stream each sample, as a replica sees an engine's new blocks).
+#[divan::bench(sample_count = 100)]
+fn apply_batch_52kb(bencher: Bencher) {
+    use shoal::kv_events::{Coverage, KvIndex};
+    let events = decode_batch(&batch()).unwrap().events;
+    bencher
+        .with_inputs(|| {
+            let mut index = KvIndex::new(BLOCK, 1 << 20);
+            let stream = index.add_stream(1);
+            index.set_coverage(stream, Coverage::Complete);
+            (index, stream)
+        })
+        .bench_local_refs(|(index, stream)| index.apply(*stream, black_box(&events)));
 }

@@ -175,6 +175,12 @@ pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Tokens per KV block the engines use (vLLM's default; SGLang's page size
 /// is 1 unless `--page-size` is set, so set this to match).
 pub const KV_BLOCK_SIZE: usize = 16;
+/// The EndpointSlice port names discovery reads a worker's KV-event
+/// sockets from (a Service port `kv-events`, and `kv-events-replay` for
+/// the replay socket), on the endpoint's own address.
+pub const KV_EVENTS_PORT_NAME: &str = "kv-events";
+/// See [`KV_EVENTS_PORT_NAME`].
+pub const KV_EVENTS_REPLAY_PORT_NAME: &str = "kv-events-replay";
 /// Data-parallel ranks behind one worker URL, each publishing on
 /// `--kv-events-port + rank`.
 pub const KV_EVENTS_DP_RANKS: u32 = 1;
@@ -187,12 +193,26 @@ pub const KV_INDEX_MAX_BLOCKS_PER_ENGINE: usize = 262_144;
 /// histories of a few thousand long conversations, so a later turn
 /// tokenizes only its new text.
 pub const KV_TOKEN_CACHE_BYTES: usize = 64 << 20;
-/// `precise_prefix`'s bounded-load slack (as `prefix_affinity`'s).
-pub const PRECISE_PREFIX_EPSILON: f64 = PREFIX_AFFINITY_EPSILON;
+/// `precise_prefix`'s bounded-load slack: a worker may take a request
+/// while its wait and fleet in-flight requests are within `1 + ε` of the
+/// candidates' mean. Looser than `prefix_affinity`'s because the index is
+/// exact: a conversation's later turn has one engine holding its history,
+/// and moving it re-prefills the history and duplicates it in a second
+/// cache. Measured on the Mooncake conversation trace (tests/BENCHMARKS.md,
+/// 4 meshed replicas, 8 engines): ε = 0.25 → 1 → 3 raised the fleet cache
+/// hit from 16–19 % to 24 % to 28 % (`cache_aware`'s one router: 28 %) and
+/// lowered TTFT p99; on the synthetic agentic trace (one hot tool prefix)
+/// ε = 3 lets the busiest engine reach ~1.5 × the mean share where ε = 1
+/// keeps it near 1.3 ×, so fleets dominated by one hot prefix may set 1.
+pub const PRECISE_PREFIX_EPSILON: f64 = 3.0;
 /// What `precise_prefix` counts a second of prefill saved by a cached
-/// prefix as, in seconds of queue (chosen on the Mooncake conversation
-/// trace, tests/BENCHMARKS.md).
-pub const PRECISE_PREFIX_CACHE_WEIGHT: f64 = 3.0;
+/// prefix as, in seconds of queue. The wait it is weighed against counts a
+/// prompt token as one token of work, but a miss's prefill also stalls
+/// the decode steps of every request batched with it and evicts other
+/// prefixes to hold a second copy; at 100 the cache decides whenever the
+/// load guard admits its holder (3 lost 3–4 points of hit rate on the
+/// conversation trace, tests/BENCHMARKS.md).
+pub const PRECISE_PREFIX_CACHE_WEIGHT: f64 = 100.0;
 /// `precise_prefix`'s near-tie band, in multiples of the request's own
 /// work: candidates scoring within it of the best are settled by cache,
 /// then rendezvous. Measured on the Mooncake conversation trace (one seed

@@ -14,7 +14,7 @@ pub const PRECISE_PREFIX_FLAGS: &str = "Policy precise_prefix";
 #[derive(Debug, Clone, PartialEq, Args)]
 #[command(next_help_heading = PRECISE_PREFIX_FLAGS)]
 pub struct KvEventsConfig {
-    /// precise_prefix: port of each worker's KV-event PUB socket (vLLM/SGLang `--kv-events-config` endpoint), on the worker URL's host; unset: no events (workers fall back to prefix_affinity).
+    /// precise_prefix: port of each worker's KV-event PUB socket (vLLM/SGLang `--kv-events-config` endpoint), on the worker URL's host; unset: none, unless discovery finds the EndpointSlice ports `kv-events` / `kv-events-replay` (workers without events fall back to prefix_affinity).
     #[arg(long, env = "SHOAL_KV_EVENTS_PORT")]
     pub kv_events_port: Option<u16>,
 
@@ -70,11 +70,6 @@ pub struct KvEventsConfig {
 }
 
 impl KvEventsConfig {
-    /// Whether any worker has an event source configured.
-    pub fn has_sources(&self) -> bool {
-        self.kv_events_port.is_some() || !self.kv_events_endpoint.is_empty()
-    }
-
     /// The tokenizer files by model (`None`: the one for every model).
     pub fn tokenizers(&self) -> Vec<(Option<String>, PathBuf)> {
         by_model(&self.kv_tokenizer)

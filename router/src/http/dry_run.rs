@@ -37,6 +37,46 @@ pub struct DryRun {
     /// apart from their load views.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cached: Vec<CachedPrefix>,
+    /// Each candidate's load as this replica saw it when choosing (the
+    /// fleet-wide counts when meshed, and the engine's polled queue), so
+    /// replicas that disagree can be told apart by what they saw.
+    pub loads: Vec<CandidateLoad>,
+}
+
+/// One candidate's load in the view a dry run chose on.
+#[derive(Debug, Serialize)]
+pub struct CandidateLoad {
+    /// The worker's URL.
+    pub worker: String,
+    /// Requests in flight there (fleet-wide when meshed).
+    pub requests: u64,
+    /// Token-work in flight there.
+    pub tokens: u64,
+    /// Token-work routed there since its engine's last load report.
+    pub since_poll: u64,
+    /// Prompt tokens there still waiting for a first byte.
+    pub pending_prefill: u64,
+    /// The engine's own queued tokens, from its last fresh report.
+    pub engine_queued_tokens: Option<u64>,
+}
+
+/// The load view of `candidates` at this instant.
+fn loads(app: &AppState, candidates: &[Arc<crate::workers::Worker>]) -> Vec<CandidateLoad> {
+    let at = app.fleet.moment(std::time::Instant::now());
+    let mut view = Vec::with_capacity(candidates.len());
+    app.fleet.load_all(candidates, &at, &mut view);
+    candidates
+        .iter()
+        .zip(view)
+        .map(|(w, load)| CandidateLoad {
+            worker: w.url().to_string(),
+            requests: load.counts.requests,
+            tokens: load.counts.tokens,
+            since_poll: load.counts.dispatched_since_poll,
+            pending_prefill: load.counts.pending_prefill,
+            engine_queued_tokens: load.engine.and_then(|e| e.queued_tokens),
+        })
+        .collect()
 }
 
 /// One worker's cached prefix of the prompt.
@@ -107,12 +147,14 @@ pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
         return ApiError::no_workers("the policy selected no worker").into_response();
     };
     let route_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let loads = loads(&app, &candidates);
     Json(DryRun {
         worker: chosen.url().to_string(),
         policy: app.policy.name(),
         candidates: candidates.len(),
         route_micros,
         cached: cached_prefixes(&app, &candidates, &info),
+        loads,
     })
     .into_response()
 }

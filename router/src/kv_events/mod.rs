@@ -76,6 +76,19 @@ pub struct PromptBlocks {
     pub whole: u64,
 }
 
+impl PromptBlocks {
+    /// A prompt that was not tokenized: no blocks, identified by its text
+    /// alone (so near-ties still spread by it).
+    pub fn untokenized(request: &RequestInfo) -> Self {
+        let text = request.text.as_deref().unwrap_or_default();
+        Self {
+            hashes: Vec::new(),
+            tokens: 0,
+            whole: chain::text(chain::seed(None), text.as_bytes()),
+        }
+    }
+}
+
 impl KvEvents {
     /// The KV-event side for these flags. Tokenizers that do not load
     /// leave it without any, and [`KvEvents::load_error`] says why (the
@@ -112,6 +125,36 @@ impl KvEvents {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Where `worker`'s engine ranks publish: its `--kv-events-endpoint`,
+    /// else the sockets discovery found for it, else the port flags on the
+    /// URL's host; empty when none says.
+    pub fn endpoints_of(&self, worker: &crate::workers::Worker) -> Vec<StreamEndpoints> {
+        let explicit = self
+            .config
+            .kv_events_endpoint
+            .iter()
+            .any(|(url, _, _)| url == worker.url());
+        match worker.kv_event_sockets() {
+            Some(found) if !explicit => self.ranks_of(&found.events, found.replay.as_deref()),
+            _ => self.endpoints_for(worker.url()),
+        }
+    }
+
+    /// `events` and `replay` moved up by each data-parallel rank.
+    fn ranks_of(&self, events: &str, replay: Option<&str>) -> Vec<StreamEndpoints> {
+        (0..self.config.kv_events_dp_ranks)
+            .filter_map(|rank| {
+                Some(StreamEndpoints {
+                    events: offset_port(events, rank)?,
+                    replay: match replay {
+                        Some(r) => Some(offset_port(r, rank)?),
+                        None => None,
+                    },
+                })
+            })
+            .collect()
+    }
+
     /// Where `worker_url`'s engine ranks publish, from the port flags and
     /// the URL's host; empty when no events port is set.
     pub fn endpoints_for(&self, worker_url: &str) -> Vec<StreamEndpoints> {
@@ -121,17 +164,7 @@ impl KvEvents {
             .iter()
             .find(|(url, _, _)| url == worker_url)
         {
-            return (0..self.config.kv_events_dp_ranks)
-                .filter_map(|rank| {
-                    Some(StreamEndpoints {
-                        events: offset_port(events, rank)?,
-                        replay: match replay {
-                            Some(r) => Some(offset_port(r, rank)?),
-                            None => None,
-                        },
-                    })
-                })
-                .collect();
+            return self.ranks_of(events, replay.as_deref());
         }
         let Some(port) = self.config.kv_events_port else {
             return Vec::new();
@@ -298,9 +331,6 @@ impl KvEvents {
     /// Keeps one stream per registered worker rank, forever: new workers
     /// get streams, removed ones lose theirs (and their blocks).
     pub async fn run(self: Arc<Self>, registry: Arc<Registry>) {
-        if !self.config.has_sources() {
-            return;
-        }
         let mut running: HashMap<u64, Vec<(StreamId, tokio::task::JoinHandle<()>)>> =
             HashMap::new();
         let mut ticker = tokio::time::interval(RECONCILE_EVERY);
@@ -322,8 +352,13 @@ impl KvEvents {
                 if running.contains_key(&worker.id()) {
                     continue;
                 }
-                let streams = self
-                    .endpoints_for(worker.url())
+                let endpoints = self.endpoints_of(worker);
+                if endpoints.is_empty() {
+                    // Asked again next round: discovery may name its
+                    // sockets after the worker appears.
+                    continue;
+                }
+                let streams = endpoints
                     .into_iter()
                     .map(|endpoints| {
                         let stream = self
@@ -500,6 +535,46 @@ mod tests {
         let base = kv.prompt_blocks(&completion("base", &text)).unwrap();
         kv.cached_blocks(&base.hashes, &mut depth);
         assert!(depth.is_empty(), "{depth:?}");
+    }
+
+    #[test]
+    fn discovered_sockets_serve_a_worker_unless_a_flag_names_its_own() {
+        use crate::workers::{KvEventSockets, Worker};
+        let worker = Worker::new("http://10.0.0.7:8000".into(), Default::default());
+        let kv = KvEvents::new(KvEventsConfig {
+            kv_events_dp_ranks: 2,
+            ..KvEventsConfig::default()
+        });
+        assert!(kv.endpoints_of(&worker).is_empty(), "nothing says where");
+        worker.set_kv_event_sockets(Some(KvEventSockets {
+            events: "tcp://10.0.0.7:5557".into(),
+            replay: None,
+        }));
+        assert_eq!(
+            kv.endpoints_of(&worker),
+            vec![
+                StreamEndpoints {
+                    events: "tcp://10.0.0.7:5557".into(),
+                    replay: None,
+                },
+                StreamEndpoints {
+                    events: "tcp://10.0.0.7:5558".into(),
+                    replay: None,
+                },
+            ]
+        );
+        let flagged = KvEvents::new(KvEventsConfig {
+            kv_events_endpoint: vec![(
+                "http://10.0.0.7:8000".into(),
+                "tcp://10.0.0.7:7000".into(),
+                None,
+            )],
+            ..KvEventsConfig::default()
+        });
+        assert_eq!(
+            flagged.endpoints_of(&worker)[0].events,
+            "tcp://10.0.0.7:7000"
+        );
     }
 
     #[test]

@@ -24,8 +24,8 @@
 //! near-tie rule below picks among the least loaded.
 //!
 //! A worker whose event stream cannot be trusted (no events configured,
-//! not connected, a gap not repaired) is scored as `prefix_affinity` would
-//! place it: among such workers, the rendezvous choice for the prompt's
+//! not connected, a gap not repaired), and every worker for a prompt no
+//! tokenizer serves, is scored as `prefix_affinity` would place it: among such workers, the rendezvous choice for the prompt's
 //! affinity key is credited with that key's prefix. The fallback is per
 //! worker: one engine without events never turns the index off for the rest.
 //!
@@ -91,8 +91,14 @@ impl PrecisePrefixPolicy {
     ) -> Vec<u64> {
         let ids: Vec<u64> = candidates.iter().map(|w| w.id()).collect();
         let (mut depth, mut trusted) = (IdMap::default(), Vec::new());
-        self.kv
-            .cached_and_trusted(&blocks.hashes, &ids, &mut depth, &mut trusted);
+        if blocks.hashes.is_empty() && blocks.tokens == 0 {
+            // Not tokenized (no tokenizer serves the model): the index
+            // cannot place it, so every worker is placed by affinity.
+            trusted.resize(ids.len(), false);
+        } else {
+            self.kv
+                .cached_and_trusted(&blocks.hashes, &ids, &mut depth, &mut trusted);
+        }
         let block_tokens = self.kv.block_size() as u128;
         let (prompt, tokenized) = (
             u128::from(request.prompt_tokens),
@@ -142,9 +148,12 @@ impl Policy for PrecisePrefixPolicy {
         let mut scores = Scores::with_capacity(candidates.len());
         let unit = self.least_load.scores(candidates, fleet, &mut scores);
         let least = || pick::argmin(&scores.values, pick::seed());
-        let Some(blocks) = self.kv.prompt_blocks(request) else {
-            return least();
-        };
+        // A prompt no tokenizer serves has no blocks: it is placed as
+        // prefix_affinity would place it, by its opening bytes.
+        let blocks = self
+            .kv
+            .prompt_blocks(request)
+            .unwrap_or_else(|| PromptBlocks::untokenized(request));
         let own = unit.of_request(self.least_load.work_of(request));
         let Some(bound) =
             LoadBound::over(&scores.values, &scores.requests, own, self.epsilon.get())

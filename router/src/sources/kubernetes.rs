@@ -35,9 +35,10 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 
 use super::WorkerSources;
+use crate::config::defaults::{KV_EVENTS_PORT_NAME, KV_EVENTS_REPLAY_PORT_NAME};
 use crate::config::{DiscoveryConfig, DiscoveryScheme};
 use crate::url::normalize_url;
-use crate::workers::Served;
+use crate::workers::{KvEventSockets, Served};
 
 /// Pause before retrying to build a client (no credentials yet, bad
 /// kubeconfig); the watch itself backs off on its own.
@@ -124,6 +125,9 @@ impl Skip {
 pub struct Discovered {
     /// Worker URL → the model its slice's label names, if any.
     pub endpoints: BTreeMap<String, Option<String>>,
+    /// Worker URL → its engine's KV-event sockets, for slices that list a
+    /// port named [`KV_EVENTS_PORT_NAME`] (`precise_prefix` subscribes).
+    pub kv_events: BTreeMap<String, KvEventSockets>,
     /// Names of the slices skipped whole, by reason.
     pub skipped: BTreeMap<Skip, Vec<String>>,
 }
@@ -186,6 +190,8 @@ pub fn ready_endpoints(
                 .filter(|m| !m.is_empty())
                 .cloned()
         });
+        let events_port = named_port(slice, KV_EVENTS_PORT_NAME);
+        let replay_port = named_port(slice, KV_EVENTS_REPLAY_PORT_NAME);
         for endpoint in slice.endpoints.iter().filter(|e| routable(e)) {
             let Some(address) = endpoint.addresses.first() else {
                 continue;
@@ -196,11 +202,31 @@ pub fn ready_endpoints(
                 address.clone()
             };
             if let Ok(url) = normalize_url(&format!("{scheme}://{host}:{number}")) {
+                if let Some(events) = events_port {
+                    out.kv_events
+                        .entry(url.clone())
+                        .or_insert_with(|| KvEventSockets {
+                            events: format!("tcp://{host}:{events}"),
+                            replay: replay_port.map(|p| format!("tcp://{host}:{p}")),
+                        });
+                }
                 out.endpoints.entry(url).or_insert_with(|| model.clone());
             }
         }
     }
     out
+}
+
+/// The number of the slice's port called `name`, if it lists one.
+fn named_port(slice: &EndpointSlice, name: &str) -> Option<u16> {
+    slice
+        .ports
+        .as_deref()?
+        .iter()
+        .find(|p| p.name.as_deref() == Some(name))?
+        .port
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
 }
 
 /// The client and namespace from in-cluster credentials or `$KUBECONFIG`.
@@ -262,7 +288,7 @@ pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
                     config.discovery_model_label.as_deref(),
                 );
                 report_skipped(&found.skipped, &mut warned);
-                apply(&sources, found.endpoints);
+                apply(&sources, found);
             }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Err(err) => {
@@ -273,9 +299,11 @@ pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
     }
 }
 
-/// Hands the endpoints to the sources and gives each new worker its
-/// model hint (kept only until its own `/v1/models` is read).
-fn apply(sources: &WorkerSources, found: BTreeMap<String, Option<String>>) {
+/// Hands the endpoints to the sources, gives each new worker its model
+/// hint (kept only until its own `/v1/models` is read) and each worker its
+/// KV-event sockets.
+fn apply(sources: &WorkerSources, discovered: Discovered) {
+    let found = discovered.endpoints;
     let urls: BTreeSet<String> = found.keys().cloned().collect();
     let count = urls.len();
     let done = sources.set_discovered(urls);
@@ -285,6 +313,9 @@ fn apply(sources: &WorkerSources, found: BTreeMap<String, Option<String>>) {
     }
     let registry = sources.registry();
     for worker in registry.all().iter() {
+        if let Some(sockets) = discovered.kv_events.get(worker.url()) {
+            worker.set_kv_event_sockets(Some(sockets.clone()));
+        }
         if let Some(Some(model)) = found.get(worker.url())
             && worker.served().ids().is_none()
         {

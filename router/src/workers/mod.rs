@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
 use shoal_mesh::Mesh;
 use shoal_proto::LoadSnapshot;
@@ -62,6 +62,19 @@ pub struct Worker {
     /// The engine's model objects from its last model list (what `GET
     /// /v1/models` answers with; read with the health checks).
     model_cards: ArcSwap<Vec<serde_json::Value>>,
+    /// Where the engine publishes KV-cache events, when discovery named it.
+    kv_event_sockets: ArcSwapOption<KvEventSockets>,
+}
+
+/// Where a worker's engine publishes its KV-cache events, as discovery
+/// found them: the EndpointSlice's `kv-events` (and `kv-events-replay`)
+/// ports on the endpoint's address, as `tcp://host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEventSockets {
+    /// The PUB socket.
+    pub events: String,
+    /// The replay (ROUTER) socket, if the slice lists one.
+    pub replay: Option<String>,
 }
 
 impl Worker {
@@ -89,6 +102,19 @@ impl Worker {
             snapshot_cell: SnapshotCell::default(),
             served: ArcSwap::from_pointee(Served::Unread),
             model_cards: ArcSwap::from_pointee(Vec::new()),
+            kv_event_sockets: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Where discovery says the engine publishes KV-cache events.
+    pub fn kv_event_sockets(&self) -> Option<Arc<KvEventSockets>> {
+        self.kv_event_sockets.load_full()
+    }
+
+    /// Records where discovery says the engine publishes KV-cache events.
+    pub fn set_kv_event_sockets(&self, sockets: Option<KvEventSockets>) {
+        if self.kv_event_sockets.load().as_deref() != sockets.as_ref() {
+            self.kv_event_sockets.store(sockets.map(Arc::new));
         }
     }
 

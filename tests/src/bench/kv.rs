@@ -128,6 +128,12 @@ pub struct Agreement {
     /// Of the others, the ones whose replicas reported the same cached
     /// prefixes (their indexes agreed; their load views did not).
     pub same_index: u64,
+    /// Requests some engine caches more of than another (where the pick
+    /// decides a cache hit).
+    pub uneven: u64,
+    /// Of those, the ones the first replica sent to an engine caching the
+    /// most of them.
+    pub to_deepest: u64,
 }
 
 impl Agreement {
@@ -137,11 +143,14 @@ impl Agreement {
         format!(
             "    agreement: {} of {} requests ({share:.1} %) got the same engine from every replica \
              (POST /debug/route to all at once, during the load); of the {} others, {} had the \
-             same cached prefixes on every replica (load views differed)",
+             same cached prefixes on every replica (load views differed); {} of the {} requests \
+             some engine cached more of went to an engine caching the most",
             self.agreed,
             self.asked,
             self.asked - self.agreed,
-            self.same_index
+            self.same_index,
+            self.to_deepest,
+            self.uneven,
         )
     }
 }
@@ -177,7 +186,8 @@ pub async fn probe_agreement(
                 let answer = client.post_json(&url, &body).await.ok()?;
                 let json = answer.json().ok()?;
                 let worker = json["worker"].as_str().map(String::from)?;
-                Some((worker, cached_prefixes(&json)))
+                let candidates = json["candidates"].as_u64().unwrap_or(0);
+                Some((worker, cached_prefixes(&json), load_view(&json), candidates))
             }
         });
         let picks: Option<Vec<Answer>> = futures_util::future::join_all(asks)
@@ -186,18 +196,55 @@ pub async fn probe_agreement(
             .collect();
         if let Some(picks) = picks {
             out.asked += 1;
+            if let Some((worker, cached, _, candidates)) = picks.first() {
+                let depth = |w: &str| cached.iter().find(|(c, _)| c == w).map_or(0, |c| c.1);
+                let most = cached.iter().map(|c| c.1).max().unwrap_or(0);
+                let least = if (cached.len() as u64) < *candidates {
+                    0
+                } else {
+                    cached.iter().map(|c| c.1).min().unwrap_or(0)
+                };
+                if most > least {
+                    out.uneven += 1;
+                    out.to_deepest += u64::from(depth(worker) == most);
+                }
+            }
             if picks.windows(2).all(|w| w[0].0 == w[1].0) {
                 out.agreed += 1;
             } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
                 out.same_index += 1;
+                if std::env::var_os("FLEET_BENCH_LOG_DISAGREEMENTS").is_some() {
+                    eprintln!("    disagreement (same index):");
+                    for (worker, _, view, _) in &picks {
+                        eprintln!(
+                            "      picked {worker}; in-flight/tokens/since-poll per engine: {view}"
+                        );
+                    }
+                }
             }
         }
     }
     out
 }
 
-/// One replica's dry-run answer: the engine, and the cached prefixes.
-type Answer = (String, Vec<(String, u64)>);
+/// One replica's dry-run answer: the engine, the cached prefixes, its load
+/// view in one line, and how many candidates it had.
+type Answer = (String, Vec<(String, u64)>, String, u64);
+
+/// A dry-run answer's load view, one `requests/tokens/since_poll` per
+/// candidate (for the disagreement log).
+fn load_view(answer: &serde_json::Value) -> String {
+    answer["loads"]
+        .as_array()
+        .map(|loads| {
+            loads
+                .iter()
+                .map(|l| format!("{}/{}/{}", l["requests"], l["tokens"], l["since_poll"]))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
 
 /// A dry-run answer's cached prefixes, sorted by worker.
 fn cached_prefixes(answer: &serde_json::Value) -> Vec<(String, u64)> {
@@ -231,10 +278,14 @@ mod tests {
             asked: 10,
             agreed: 7,
             same_index: 2,
+            uneven: 4,
+            to_deepest: 3,
         }
         .line();
         assert!(
-            line.contains("7 of 10") && line.contains("of the 3 others, 2"),
+            line.contains("7 of 10")
+                && line.contains("of the 3 others, 2")
+                && line.contains("3 of the 4 requests"),
             "{line}"
         );
     }

@@ -173,7 +173,7 @@ pub async fn run_scenario(
             replicas.clone(),
             std::sync::Arc::new(schedule.clone()),
             started,
-            Duration::from_millis(500),
+            Duration::from_millis(250),
             2_000,
             stop_probe.clone(),
         ))

@@ -137,12 +137,26 @@ fn a_worker_without_events_falls_back_to_affinity_alone() {
 }
 
 #[test]
-fn without_a_tokenizer_it_is_least_load() {
+fn without_a_tokenizer_every_worker_is_placed_as_prefix_affinity_would() {
     let p = PrecisePrefixPolicy::new(
         KvEventsConfig::default(),
         PrefixAffinityConfig::default(),
         LeastLoadConfig::default(),
     );
+    // Equally idle: every ask of one prompt goes to one home, and
+    // different prompts find different homes.
+    let workers = idle_workers(4);
+    let homes: std::collections::BTreeSet<usize> = (0..8)
+        .map(|k| {
+            let request = crate::policy::testkit::text(&prompt(&format!("e{k}")));
+            let counts = pick_n(&p, &workers, &request, 10);
+            let home = counts.iter().position(|&c| c == 10);
+            assert!(home.is_some(), "{counts:?}");
+            home.unwrap_or_default()
+        })
+        .collect();
+    assert!(homes.len() > 1, "{homes:?}");
+    // A busy home loses to the load, as prefix_affinity's bound says.
     let workers = idle_workers(3);
     set_load(
         &workers[0],

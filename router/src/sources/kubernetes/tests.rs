@@ -193,3 +193,30 @@ fn https_comes_from_the_port_or_the_flag() {
         ["https://10.0.2.2:8000"]
     );
 }
+
+#[test]
+fn named_kv_event_ports_become_each_endpoints_event_sockets() {
+    let slices = [slice(serde_json::json!({
+        "metadata": {"name": "kv", "resourceVersion": "3"}, "addressType": "IPv4",
+        "endpoints": [endpoint("10.0.0.1", Some(true), false), endpoint("10.0.0.2", Some(true), false)],
+        "ports": [{"name": "http", "port": 8000},
+                  {"name": "kv-events", "port": 5557},
+                  {"name": "kv-events-replay", "port": 5558}]
+    }))];
+    let found = ready_endpoints(&slices, &PortChoice::Named("http".into()), None, None);
+    assert_eq!(
+        found.kv_events.get("http://10.0.0.2:8000"),
+        Some(&KvEventSockets {
+            events: "tcp://10.0.0.2:5557".into(),
+            replay: Some("tcp://10.0.0.2:5558".into()),
+        })
+    );
+    assert_eq!(found.kv_events.len(), 2);
+    // Without the named ports, no sockets; a replay port alone is none.
+    let plain = [vllm_slice(
+        "plain",
+        vec![endpoint("10.0.0.3", Some(true), false)],
+    )];
+    let found = ready_endpoints(&plain, &PortChoice::Named("http".into()), None, None);
+    assert!(found.kv_events.is_empty() && found.endpoints.len() == 1);
+}
