@@ -41,7 +41,16 @@ pub fn block(parent: u64, tokens: &[u32]) -> u64 {
 /// A hash of a text's bytes chained from `parent` (a request's identity
 /// beyond its full blocks, whether or not all of it was tokenized).
 pub fn text(parent: u64, bytes: &[u8]) -> u64 {
-    let mut h = mix(parent ^ (bytes.len() as u64) ^ 0x5445_5854); // "TEXT"
+    // "TEXT"
+    mix(fold_bytes(
+        mix(parent ^ (bytes.len() as u64) ^ 0x5445_5854),
+        bytes,
+    ))
+}
+
+/// `h` with `bytes` folded in a word at a time (not finalised: callers mix
+/// the result with what else identifies the text).
+pub fn fold_bytes(mut h: u64, bytes: &[u8]) -> u64 {
     let mut words = bytes.chunks_exact(8);
     for w in words.by_ref() {
         let mut word = [0u8; 8];
@@ -51,7 +60,7 @@ pub fn text(parent: u64, bytes: &[u8]) -> u64 {
     for &b in words.remainder() {
         h = (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
-    mix(h)
+    h
 }
 
 /// Hashes of every full `block_size`-token block of `tokens`, chained from

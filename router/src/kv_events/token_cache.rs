@@ -51,17 +51,8 @@ pub fn splits(text: &str) -> Vec<usize> {
 
 /// A streaming 64-bit hash of text, one word at a time (the cache's keys;
 /// collisions are as rare as in the block chain).
-fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
-    let mut words = bytes.chunks_exact(8);
-    for w in words.by_ref() {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(w);
-        h = (h.rotate_left(23) ^ u64::from_le_bytes(word)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    for &b in words.remainder() {
-        h = (h.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    let mut z = h ^ (bytes.len() as u64);
+fn hash_bytes(h: u64, bytes: &[u8]) -> u64 {
+    let mut z = super::chain::fold_bytes(h, bytes) ^ (bytes.len() as u64);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
