@@ -37,9 +37,9 @@ pub struct DryRun {
     /// apart from their load views.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cached: Vec<CachedPrefix>,
-    /// Each candidate's load as this replica saw it when choosing (the
-    /// fleet-wide counts when meshed, and the engine's polled queue), so
-    /// replicas that disagree can be told apart by what they saw.
+    /// Each candidate's load as this replica sees it right after choosing
+    /// (the fleet-wide counts when meshed, and the engine's polled queue),
+    /// so replicas that disagree can be told apart by what they saw.
     pub loads: Vec<CandidateLoad>,
 }
 

@@ -201,6 +201,11 @@ impl KvIndex {
             .map_or(Coverage::Cold, |stream| stream.coverage)
     }
 
+    /// The streams of `worker` (one per engine rank).
+    pub fn streams_of(&self, worker: u64) -> Vec<StreamId> {
+        self.by_worker.get(&worker).cloned().unwrap_or_default()
+    }
+
     /// Blocks indexed for `id`.
     pub fn blocks_of(&self, id: StreamId) -> usize {
         self.streams.get(&id).map_or(0, |s| s.blocks.len())

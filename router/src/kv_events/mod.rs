@@ -329,22 +329,23 @@ impl KvEvents {
     }
 
     /// Keeps one stream per registered worker rank, forever: new workers
-    /// get streams, removed ones lose theirs (and their blocks).
+    /// get streams, removed ones lose theirs (and their blocks), and a
+    /// worker whose sockets changed (discovery named other ports) is
+    /// subscribed again from scratch.
     pub async fn run(self: Arc<Self>, registry: Arc<Registry>) {
-        let mut running: HashMap<u64, Vec<(StreamId, tokio::task::JoinHandle<()>)>> =
-            HashMap::new();
+        let mut running: HashMap<u64, Subscribed> = HashMap::new();
         let mut ticker = tokio::time::interval(RECONCILE_EVERY);
         loop {
             ticker.tick().await;
             let workers = registry.all();
-            running.retain(|id, streams| {
-                let keep = workers.iter().any(|w| w.id() == *id);
+            running.retain(|id, subscribed| {
+                let now = workers
+                    .iter()
+                    .find(|w| w.id() == *id)
+                    .map(|w| self.endpoints_of(w));
+                let keep = now.as_ref() == Some(&subscribed.endpoints);
                 if !keep {
-                    let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
-                    for (stream, task) in streams.drain(..) {
-                        task.abort();
-                        index.remove_stream(stream);
-                    }
+                    self.unsubscribe(subscribed);
                 }
                 keep
             });
@@ -358,31 +359,53 @@ impl KvEvents {
                     // sockets after the worker appears.
                     continue;
                 }
-                let streams = endpoints
-                    .into_iter()
-                    .map(|endpoints| {
-                        let stream = self
-                            .index
-                            .write()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .add_stream(worker.id());
-                        let index = self.index.clone();
-                        let url = worker.url().to_string();
-                        let task = tokio::spawn(subscriber::run(
-                            endpoints,
-                            index,
-                            stream,
-                            move |outcome| record(&url, outcome),
-                        ));
-                        (stream, task)
-                    })
-                    .collect();
-                running.insert(worker.id(), streams);
+                running.insert(worker.id(), self.subscribe(worker, endpoints));
             }
             let index = self.read();
             metrics::gauge!("shoal_kv_index_blocks").set(index.distinct_blocks() as f64);
         }
     }
+
+    /// Starts one stream per rank of `worker` at `endpoints`.
+    fn subscribe(
+        &self,
+        worker: &crate::workers::Worker,
+        endpoints: Vec<StreamEndpoints>,
+    ) -> Subscribed {
+        let streams = endpoints
+            .iter()
+            .cloned()
+            .map(|rank| {
+                let stream = self
+                    .index
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .add_stream(worker.id());
+                let index = self.index.clone();
+                let url = worker.url().to_string();
+                let task = tokio::spawn(subscriber::run(rank, index, stream, move |outcome| {
+                    record(&url, outcome)
+                }));
+                (stream, task)
+            })
+            .collect();
+        Subscribed { endpoints, streams }
+    }
+
+    /// Stops a worker's streams and forgets their blocks.
+    fn unsubscribe(&self, subscribed: &mut Subscribed) {
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        for (stream, task) in subscribed.streams.drain(..) {
+            task.abort();
+            index.remove_stream(stream);
+        }
+    }
+}
+
+/// One worker's running subscriptions and the sockets they follow.
+struct Subscribed {
+    endpoints: Vec<StreamEndpoints>,
+    streams: Vec<(StreamId, tokio::task::JoinHandle<()>)>,
 }
 
 /// Counts one stream outcome.

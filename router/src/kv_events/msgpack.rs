@@ -143,7 +143,7 @@ impl<'a> Reader<'a> {
             }
             0xc7..=0xc9 => {
                 let n = self.len(1 << (marker - 0xc7))?;
-                Item::Ext(self.take(n + 1)?)
+                Item::Ext(self.take(n.checked_add(1).ok_or(MsgpackError::Truncated)?)?)
             }
             0xca => Item::Float(f64::from(f32::from_bits(self.be(4)? as u32))),
             0xcb => Item::Float(f64::from_bits(self.be(8)?)),

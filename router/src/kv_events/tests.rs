@@ -192,3 +192,34 @@ fn endpoints_follow_the_worker_host_and_the_rank_offset() {
     let off = KvEvents::new(KvEventsConfig::default());
     assert!(off.endpoints_for("http://a:1").is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_is_subscribed_once_its_sockets_are_known_and_again_when_they_change() {
+    use crate::workers::{KvEventSockets, Registry};
+    let registry = Arc::new(Registry::new(
+        &["http://10.0.0.9:8000".to_string()],
+        Default::default(),
+    ));
+    let kv = Arc::new(KvEvents::new(KvEventsConfig::default()));
+    let task = tokio::spawn(kv.clone().run(registry.clone()));
+    let worker = registry.all()[0].clone();
+    let streams = |kv: &KvEvents| kv.index().read().unwrap().streams_of(worker.id());
+    // No sockets yet: nothing to follow, asked again every round.
+    tokio::time::sleep(RECONCILE_EVERY * 2).await;
+    assert!(streams(&kv).is_empty());
+    let sockets = |port: u16| KvEventSockets {
+        events: format!("tcp://127.0.0.1:{port}"),
+        replay: None,
+    };
+    worker.set_kv_event_sockets(Some(sockets(1)));
+    tokio::time::sleep(RECONCILE_EVERY * 2).await;
+    let first = streams(&kv);
+    assert_eq!(first.len(), 1);
+    // Discovery names another port: the old stream goes, a new one comes.
+    worker.set_kv_event_sockets(Some(sockets(2)));
+    tokio::time::sleep(RECONCILE_EVERY * 2).await;
+    let second = streams(&kv);
+    assert_eq!(second.len(), 1);
+    assert_ne!(first, second);
+    task.abort();
+}

@@ -205,6 +205,9 @@ impl Segmenter {
             *last = ids.len();
         }
         let ids = if done > 0 && !more(&ids) {
+            // Stopped at the cached prefix: keep it in the current
+            // generation, so a hot prefix outlives the rotation.
+            self.remember(&keys, &ends, done - 1, &ids);
             ids
         } else {
             let segments = Segments {

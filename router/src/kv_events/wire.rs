@@ -30,6 +30,11 @@ use super::msgpack::{Item, MsgpackError, Reader};
 /// events, event, `extra_keys`, a key tuple).
 pub const MAX_DEPTH: usize = 16;
 
+/// Events reserved up front for a batch's list (more grow as they come).
+const RESERVE_EVENTS: usize = 256;
+/// Hashes or token ids reserved up front for one list.
+const RESERVE_IDS: usize = 1 << 16;
+
 /// The medium vLLM and SGLang name the GPU block pool; events about other
 /// tiers (CPU offload, storage) are not what a prefill can hit directly.
 const MEDIUM_GPU: &str = "GPU";
@@ -122,7 +127,7 @@ fn malformed(e: MsgpackError) -> WireError {
 }
 
 /// The nesting a value at `level` may have, itself included (the batch is
-/// level 1; nothing may sit deeper than [`MAX_DEPTH`]).
+/// level 1; no container may sit deeper than level [`MAX_DEPTH`]).
 fn room(level: usize) -> usize {
     (MAX_DEPTH + 1).saturating_sub(level)
 }
@@ -189,8 +194,9 @@ fn read_events(reader: &mut Reader<'_>) -> Result<Result<Vec<KvEvent>, WireError
         return Ok(Err(WireError::Shape("the batch has no event list")));
     };
     // Each event takes at least one byte: a count past the bytes left is
-    // a lie, not a reason to reserve memory.
-    let mut events = Vec::with_capacity(n.min(reader.remaining()));
+    // a lie, not a reason to reserve memory; and a frame's worth of
+    // events is reserved as it arrives, not from its header.
+    let mut events = Vec::with_capacity(n.min(reader.remaining()).min(RESERVE_EVENTS));
     for _ in 0..n {
         events.push(read_event(reader)?);
     }
@@ -445,9 +451,14 @@ fn read_hashes(
             .map_err(malformed)?;
         return Ok(Err(WireError::Shape("an event has no block_hashes list")));
     };
-    let mut out = Ok(Vec::with_capacity(n.min(reader.remaining())));
+    let mut out = Ok(Vec::with_capacity(
+        n.min(reader.remaining()).min(RESERVE_IDS),
+    ));
     for _ in 0..n {
-        if let (Ok(list), Some(hash)) = (&mut out, reader.uint()) {
+        // Only while the list is good: `uint` consumes what it reads.
+        if let Ok(list) = &mut out
+            && let Some(hash) = reader.uint()
+        {
             list.push(hash);
             continue;
         }
@@ -474,7 +485,9 @@ fn read_tokens(
             .map_err(malformed)?;
         return Ok(Err(WireError::Shape("token_ids is not a list")));
     };
-    let mut out = Ok(Vec::with_capacity(n.min(reader.remaining())));
+    let mut out = Ok(Vec::with_capacity(
+        n.min(reader.remaining()).min(RESERVE_IDS),
+    ));
     for _ in 0..n {
         if let Ok(list) = &mut out
             && let Some(token) = reader.uint()

@@ -337,6 +337,32 @@ fn a_bad_field_of_an_unknown_event_is_ignored_but_of_a_known_one_is_an_error() {
         decode_batch(&encode(bad_hashes("BlockRemoved"))),
         Err(WireError::Shape("an event has no block_hashes list"))
     );
+    // A bad element inside an unknown event's hash list is skipped whole:
+    // the next event is read from the right place.
+    let bad_element = Value::Map(vec![
+        (
+            Value::from("block_hashes"),
+            Value::Array(vec![Value::from("x"), Value::from(1), Value::from(2)]),
+        ),
+        (Value::from("type"), Value::from("FutureEvent")),
+    ]);
+    let mut bytes = Vec::new();
+    let batch = Value::Array(vec![
+        Value::F64(0.0),
+        Value::Array(vec![
+            bad_element,
+            Value::Array(vec![Value::from("AllBlocksCleared")]),
+        ]),
+    ]);
+    rmpv::encode::write_value(&mut bytes, &batch).unwrap();
+    assert_eq!(
+        decode_batch(&bytes).unwrap().events,
+        vec![KvEvent::Unknown("FutureEvent".into()), KvEvent::AllCleared]
+    );
+    // A header claiming 2^32 - 1 events reserves nothing it has not read.
+    let mut huge = vec![0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    huge.extend([0x91, 0xa1, b'x']);
+    assert!(decode_batch(&huge).is_err());
     // A repeated key keeps its first value.
     let twice = Value::Map(vec![
         (Value::from("type"), Value::from("BlockRemoved")),

@@ -149,11 +149,13 @@ impl Policy for PrecisePrefixPolicy {
         let unit = self.least_load.scores(candidates, fleet, &mut scores);
         let least = || pick::argmin(&scores.values, pick::seed());
         // A prompt no tokenizer serves has no blocks: it is placed as
-        // prefix_affinity would place it, by its opening bytes.
-        let blocks = self
-            .kv
-            .prompt_blocks(request)
-            .unwrap_or_else(|| PromptBlocks::untokenized(request));
+        // prefix_affinity would place it, by its opening bytes; a request
+        // without text (or engine token ids) has nothing to place by.
+        let blocks = match self.kv.prompt_blocks(request) {
+            Some(blocks) => blocks,
+            None if request.text.is_some() => PromptBlocks::untokenized(request),
+            None => return least(),
+        };
         let own = unit.of_request(self.least_load.work_of(request));
         let Some(bound) =
             LoadBound::over(&scores.values, &scores.requests, own, self.epsilon.get())

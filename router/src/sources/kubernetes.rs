@@ -51,7 +51,8 @@ pub enum PortChoice {
     Number(u16),
     /// The slice port with this name.
     Named(String),
-    /// The slice's port when it lists exactly one.
+    /// The slice's port when it lists exactly one (besides the KV-event
+    /// ports).
     Only,
 }
 
@@ -80,11 +81,20 @@ impl PortChoice {
                 .iter()
                 .find(|p| p.name.as_deref() == Some(name))
                 .ok_or(Skip::NoPort)?,
-            PortChoice::Only => match ports {
-                [only] => only,
-                [] => return Err(Skip::NoPort),
-                _ => return Err(Skip::AmbiguousPort),
-            },
+            // The KV-event ports are not candidates for the HTTP port.
+            PortChoice::Only => {
+                let mut http = ports.iter().filter(|p| {
+                    !matches!(
+                        p.name.as_deref(),
+                        Some(KV_EVENTS_PORT_NAME | KV_EVENTS_REPLAY_PORT_NAME)
+                    )
+                });
+                match (http.next(), http.next()) {
+                    (Some(only), None) => only,
+                    (None, _) => return Err(Skip::NoPort),
+                    (Some(_), Some(_)) => return Err(Skip::AmbiguousPort),
+                }
+            }
         };
         let number = port
             .port

@@ -212,7 +212,11 @@ fn named_kv_event_ports_become_each_endpoints_event_sockets() {
         })
     );
     assert_eq!(found.kv_events.len(), 2);
-    // Without the named ports, no sockets; a replay port alone is none.
+    // Beside the KV-event ports, the HTTP port is the slice's only one.
+    let only = ready_endpoints(&slices, &PortChoice::Only, None, None);
+    assert!(only.skipped.is_empty(), "{:?}", only.skipped);
+    assert_eq!(only.kv_events.len(), 2);
+    // Without the named ports, no sockets.
     let plain = [vllm_slice(
         "plain",
         vec![endpoint("10.0.0.3", Some(true), false)],
