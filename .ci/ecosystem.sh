@@ -208,10 +208,11 @@ check "Grafana dashboard: every metric it names is in the scrape" \
   "$py" "$here/helpers.py" dashboard deploy/grafana/shoal-dashboard.json "$tmp/metrics.txt" "$tmp/dashboard-rules.yml"
 check "Grafana dashboard: promtool check rules (every PromQL expression parses)" \
   promtool check rules "$tmp/dashboard-rules.yml"
-# Doc drift, a warning only: families in the scrape missing from README.md.
+# Doc drift, a warning only: families in the scrape missing from the
+# metrics table (docs/operations.md, "Metrics").
 missing=$(awk '/^# TYPE /{print $3}' "$tmp/metrics.txt" | while read -r m; do
-  grep -qF "\`$m\`" README.md || echo "$m"; done | tr '\n' ' ')
-[ -z "$missing" ] || echo "WARN: README metrics table lacks: $missing"
+  grep -qF "\`$m\`" docs/operations.md || echo "$m"; done | tr '\n' ' ')
+[ -z "$missing" ] || echo "WARN: docs/operations.md metrics table lacks: $missing"
 
 echo "== openai SDK"
 check "openai SDK: chat, completions, responses (each also streamed), embeddings, models" \

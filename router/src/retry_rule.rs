@@ -23,7 +23,7 @@
 //!   the client's.
 //!
 //! Every other status is the engine's answer and passes through. The
-//! README's retry table is this function's table.
+//! retry table in `docs/routing.md` ("Retries") is this function's table.
 
 use http::{Method, StatusCode};
 

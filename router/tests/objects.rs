@@ -2,7 +2,7 @@
 //! replicas on loopback: a request about an object reaches the engine that
 //! created it, whichever replica it arrives at (the mesh shares where each
 //! object lives), and an object no replica remembers is located or
-//! refused as the README says.
+//! refused as `docs/routing.md` ("Stored objects") says.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

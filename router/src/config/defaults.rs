@@ -1,8 +1,8 @@
 //! The one place every default lives.
 //!
 //! The clap flags, the `SHOAL_*` environment variables, the TOML config file
-//! and the README's flag reference all read these constants, so a default is
-//! changed here and nowhere else.
+//! and the flag reference in `docs/configuration.md` all read these
+//! constants, so a default is changed here and nowhere else.
 
 /// Address the HTTP front binds to.
 pub const HOST: &str = "0.0.0.0";

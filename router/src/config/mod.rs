@@ -56,8 +56,8 @@ pub use routing::{
 pub use security::{SECURITY_FLAGS, SecurityConfig};
 pub use worker_health::{BREAKER_FLAGS, BreakerConfig, HEALTH_FLAGS, HealthConfig};
 
-/// Every knob of one `shoal` replica. Parsed by clap; see the README's flag
-/// reference, which is checked against this struct's `--help`.
+/// Every knob of one `shoal` replica. Parsed by clap; see the flag reference
+/// in `docs/configuration.md`, which is checked against this struct's `--help`.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "shoal",

@@ -20,7 +20,7 @@ pub const RETRY_FLAGS: &str = "Retries";
 pub struct RetryConfig {
     /// Retries after the first attempt, each on a re-selected worker, and
     /// only where the engine cannot have started the work or the method is
-    /// idempotent (README, "Retries").
+    /// idempotent (docs/routing.md, "Retries").
     #[arg(long, env = "SHOAL_RETRY_MAX_RETRIES", default_value_t = defaults::RETRY_MAX_RETRIES)]
     pub retry_max_retries: u32,
 
