@@ -64,6 +64,11 @@ impl OwnCounters {
     /// Counts from a newer snapshot on: `base` is what `dispatched` was
     /// when it was taken. Never moves the base backwards.
     pub(crate) fn rebase(&self, base: u64, basis_ms: u64) {
+        // A base is a past value of the lifetime counter, never ahead of it.
+        debug_assert!(
+            base <= self.dispatched.load(Ordering::Relaxed),
+            "rebased past the dispatched work"
+        );
         self.since_base.fetch_max(base, Ordering::Relaxed);
         self.basis_ms.fetch_max(basis_ms, Ordering::Relaxed);
     }
@@ -441,10 +446,12 @@ impl SlotBooking {
     pub fn first_byte(&mut self) {
         let pending = std::mem::take(&mut self.pending_prefill);
         if pending > 0 {
-            self.entry
+            let before = self
+                .entry
                 .own
                 .pending_prefill
                 .fetch_sub(pending, Ordering::Relaxed);
+            debug_assert!(before >= pending, "pending prefill released twice");
             self.entry.changed();
         }
     }
@@ -454,8 +461,14 @@ impl Drop for SlotBooking {
     fn drop(&mut self) {
         self.first_byte();
         let own = &self.entry.own;
-        own.requests.fetch_sub(1, Ordering::Relaxed);
-        own.tokens.fetch_sub(self.token_work, Ordering::Relaxed);
+        // Each booking added exactly this; releasing more would wrap the
+        // counters to a huge load.
+        let requests = own.requests.fetch_sub(1, Ordering::Relaxed);
+        let tokens = own.tokens.fetch_sub(self.token_work, Ordering::Relaxed);
+        debug_assert!(
+            requests >= 1 && tokens >= self.token_work,
+            "a booking released more than was booked"
+        );
         self.entry.changed();
     }
 }

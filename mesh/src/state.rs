@@ -206,6 +206,11 @@ impl FleetState {
         if counted && changed {
             self.totals.replace(worker, &old, &counts);
         }
+        debug_assert_eq!(
+            self.totals.get(worker),
+            self.sum(worker, &self.counted),
+            "the running total of {worker} left the recomputed sum"
+        );
         changed
     }
 
@@ -349,8 +354,9 @@ impl FleetState {
     }
 
     /// The sum of the slots of the incarnations `counted` says are live,
-    /// recomputed: what [`FleetState::total`] must always equal.
-    #[cfg(test)]
+    /// recomputed: what [`FleetState::total`] must always equal (checked
+    /// on every merge in debug builds).
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn sum(&self, worker: &str, counted: &HashSet<Incarnation>) -> LoadCounts {
         let mut sum = LoadCounts::default();
         for inc in counted {

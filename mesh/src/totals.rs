@@ -32,7 +32,15 @@ impl Total {
 
     fn sub(&mut self, c: &LoadCounts) {
         // Only what was added is taken away, so these never underflow;
-        // saturating keeps a bug from wrapping to a huge load.
+        // saturating keeps a bug from wrapping to a huge load in release,
+        // and a debug build stops at it.
+        debug_assert!(
+            self.requests >= u128::from(c.requests)
+                && self.tokens >= u128::from(c.tokens)
+                && self.pending_prefill >= u128::from(c.pending_prefill)
+                && self.dispatched_since_poll >= u128::from(c.dispatched_since_poll),
+            "a slot took away more than it added: {self:?} - {c:?}"
+        );
         self.requests = self.requests.saturating_sub(u128::from(c.requests));
         self.tokens = self.tokens.saturating_sub(u128::from(c.tokens));
         self.pending_prefill = self
@@ -70,6 +78,10 @@ impl Totals {
 
     /// A counting slot went from `old` to `new`.
     pub(crate) fn replace(&mut self, worker: &Arc<str>, old: &LoadCounts, new: &LoadCounts) {
+        debug_assert!(
+            self.by_worker.contains_key(worker),
+            "a counting slot of {worker} has no total"
+        );
         if let Some(total) = self.by_worker.get_mut(worker) {
             total.sub(old);
             total.add(new);
@@ -82,9 +94,15 @@ impl Totals {
         let Some(total) = self.by_worker.get_mut(worker) else {
             return;
         };
+        debug_assert!(total.slots > 0, "{worker}: a slot removed twice");
         total.sub(counts);
         total.slots = total.slots.saturating_sub(1);
         if total.slots == 0 {
+            debug_assert_eq!(
+                total.counts(),
+                LoadCounts::default(),
+                "{worker}: the last slot left a remainder"
+            );
             self.by_worker.remove(worker);
         }
     }

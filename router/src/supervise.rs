@@ -2,8 +2,8 @@
 //!
 //! Why: health checks, load polls, the worker sources, reloads, discovery
 //! and policy upkeep each run as one long task. A panic in one (a bug an
-//! engine's odd answer reaches) used to end it silently while `/health`
-//! stayed 200: workers were no longer checked, loads no longer polled.
+//! engine's odd answer reaches) would end it silently while `/health`
+//! stays 200: workers unchecked, loads unpolled.
 //! [`supervised`] runs the task, and when it panics logs it, counts it
 //! (`shoal_background_task_restarts_total{task}`) and starts it again
 //! after a backoff (1 s doubling to 30 s, back to 1 s once a run lasted a

@@ -328,8 +328,8 @@ impl RouteMetrics {
 ///
 /// Why a guard: a request leaves the router through many exits (refused,
 /// unreadable body, no worker, failed attempts, a streamed answer that ends
-/// or is dropped). Each exit used to call the counter itself, and one was
-/// missed. Now the handler creates one record per request and every exit
+/// or is dropped); with a counter call at each exit, one is easily
+/// missed. So the handler creates one record per request and every exit
 /// ends it: [`RequestRecord::respond`] for an answer complete at once, or by
 /// handing it (with its status set) to the body that streams the answer,
 /// which drops it when the stream ends. The record counts when dropped,

@@ -50,6 +50,25 @@ pub enum PolicyKind {
     PrecisePrefix,
 }
 
+impl PolicyKind {
+    /// This kind's `--policy` value, as clap spells it.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|value| value.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Every `--policy` value, in declaration order: the one list the
+    /// benches and tests derive theirs from, so a new variant reaches all
+    /// of them with no hand-kept copy to forget.
+    pub fn names() -> Vec<String> {
+        Self::value_variants()
+            .iter()
+            .map(|kind| kind.name())
+            .collect()
+    }
+}
+
 /// `--policy` and every policy's knobs: what the policy registry needs to
 /// build whichever policy was chosen.
 #[derive(Debug, Clone, PartialEq, Args)]

@@ -69,7 +69,7 @@ fn defaults_come_from_the_defaults_module() {
         config.routing.load_aware.load_aware_threshold,
         defaults::LOAD_AWARE_THRESHOLD
     );
-    // The published defaults (README, ARCHITECTURE): the SGLang gateway's
+    // The published defaults (docs/configuration.md, ARCHITECTURE): the SGLang gateway's
     // where it has the knob.
     assert_eq!(
         (
@@ -136,16 +136,25 @@ fn policy_flags_reject_bad_values_naming_the_flag() {
     assert_eq!(config.routing.policy, PolicyKind::LeastLoad);
     assert_eq!(config.routing.cache_aware.cache_threshold, 1.0);
     assert_eq!(config.routing.least_load.least_load_kv_pressure_weight, 0.0);
-    for (name, kind) in [
-        ("round_robin", PolicyKind::RoundRobin),
-        ("random", PolicyKind::Random),
-        ("power_of_two", PolicyKind::PowerOfTwo),
-        ("least_load", PolicyKind::LeastLoad),
-        ("cache_aware", PolicyKind::CacheAware),
-        ("load_aware", PolicyKind::LoadAware),
-    ] {
-        assert_eq!(parse(&["--policy", name]).unwrap().routing.policy, kind);
+    let names = PolicyKind::names();
+    assert_eq!(
+        names.len(),
+        <PolicyKind as clap::ValueEnum>::value_variants().len()
+    );
+    for (name, kind) in names
+        .iter()
+        .zip(<PolicyKind as clap::ValueEnum>::value_variants())
+    {
+        assert!(
+            !name.is_empty() && !name.contains(char::is_uppercase),
+            "{name}"
+        );
+        assert_eq!(parse(&["--policy", name]).unwrap().routing.policy, *kind);
     }
+    assert!(
+        names.iter().any(|n| n == defaults::POLICY),
+        "the default is a policy"
+    );
 }
 
 #[test]

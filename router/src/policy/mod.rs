@@ -21,22 +21,30 @@
 //!
 //! # Adding a policy
 //!
+//! Every place a new policy touches, in order; nothing else lists policies
+//! by hand (benches, tests and docs derive their lists from
+//! [`PolicyKind::names`](crate::config::PolicyKind::names)):
+//!
 //! 1. Write `policy/<name>.rs`: a type implementing [`Policy`]. It states
 //!    what it needs through the trait's capability methods (request text,
 //!    token-work, per-worker clean-up, background upkeep, fleet-wide
 //!    sightings of prompt keys); nothing outside
-//!    this module ever asks which policy is running.
-//! 2. Add a variant to `PolicyKind` (`config/routing.rs`); its doc comment
+//!    this module ever asks which policy is running. If it has knobs, it
+//!    keeps them in `knobs::Knobs` and implements [`Policy::reconfigure`],
+//!    or a configuration reload silently keeps the old values.
+//! 2. Declare it here: a `mod <name>;` line and a `pub use` of its type
+//!    below.
+//! 3. Add a variant to `PolicyKind` (`config/routing.rs`); its doc comment
 //!    is the `--policy` value's help.
-//! 3. If it has knobs: a `#[derive(Args)]` group next to the others in
+//! 4. If it has knobs: a `#[derive(Args)]` group next to the others in
 //!    `config/routing.rs` (fields named after their flags, defaults in
 //!    `config/defaults.rs`, bad values rejected by a `config/parsers.rs`
 //!    parser), with its own help-heading constant, flattened into
-//!    `RoutingConfig`.
-//! 4. Add its row to [`registration`]: the compiler rejects a `PolicyKind`
+//!    `RoutingConfig`, and both re-exported from `config/mod.rs`.
+//! 5. Add its row to [`registration`]: the compiler rejects a `PolicyKind`
 //!    without one, and the registry tests check the row's name and flag
 //!    heading.
-//! 5. Describe it in the README's "Policies" section and regenerate the flag
+//! 6. Describe it in the policies page of the docs and regenerate the flag
 //!    reference (`SHOAL_UPDATE_README=1 cargo test -p shoal --test readme`).
 
 mod cache_aware;

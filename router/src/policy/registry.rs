@@ -17,8 +17,8 @@ use crate::config::{
 /// One row of the registry: how one `--policy` value becomes a policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Registration {
-    /// Help heading of the policy's own flag group in `--help` and the
-    /// README (`None`: the policy has no knobs). Tests check it exists.
+    /// Help heading of the policy's own flag group in `--help` and
+    /// docs/configuration.md (`None`: the policy has no knobs). Tests check it exists.
     pub flags: Option<&'static str>,
     /// Builds the policy from the routing flags; it reads its own group,
     /// and another policy's only when it is built on that policy
@@ -125,5 +125,22 @@ mod tests {
             headings
         );
         assert_eq!(registered.len(), headings.len(), "one group per policy");
+    }
+
+    #[test]
+    fn every_policy_is_described_on_the_policies_page() {
+        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/policies.md");
+        let text = std::fs::read_to_string(page).unwrap();
+        for name in PolicyKind::names() {
+            // Named in the list of values and described in an item of its own.
+            assert!(
+                text.contains(&format!("`{name}`,")) || text.contains(&format!("`{name}`.")),
+                "docs/policies.md does not list `{name}` among the --policy values"
+            );
+            assert!(
+                text.contains(&format!("- `{name}`")),
+                "docs/policies.md has no item describing `{name}`"
+            );
+        }
     }
 }

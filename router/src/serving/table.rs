@@ -1,8 +1,8 @@
 //! Every open client connection, so that at the connection cap the front
 //! closes an idle one instead of refusing the newcomer.
 //!
-//! Why: at `--max-client-connections` a new connection used to be closed
-//! on arrival, so connections that send nothing could hold the cap while
+//! Why: if a new connection at `--max-client-connections` were closed on
+//! arrival, connections that send nothing could hold the cap while
 //! the kubelet's `/liveness` and `/readiness` probes — a fresh connection
 //! each — were refused, and the pod restarted for an attack it was
 //! weathering. nginx answers the same shortage by closing its "reusable"

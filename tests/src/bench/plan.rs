@@ -6,6 +6,10 @@
 //! starts, and so that two choices running the same policy (`least_load`
 //! on SGLang and on vLLM engines) still get distinct scenario names.
 
+use std::sync::OnceLock;
+
+use shoal::config::PolicyKind;
+
 use super::ScenarioSpec;
 use super::workload::WorkloadKind;
 use crate::mock::Flavor;
@@ -23,54 +27,48 @@ pub enum Choice {
     /// router must estimate the queued work itself.
     LeastLoadVllm,
     /// `<policy>@<workload>`: any shoal policy on either workload, SGLang
-    /// engines (an index into [`PAIRS`]), so every policy can be compared
+    /// engines (an index into [`pairs`]), so every policy can be compared
     /// on both kinds of traffic.
     Pair(usize),
 }
 
-/// Every `shoal --policy` value.
-pub const POLICIES: [&str; 8] = [
-    "round_robin",
-    "random",
-    "power_of_two",
-    "least_load",
-    "cache_aware",
-    "load_aware",
-    "prefix_affinity",
-    "precise_prefix",
-];
+/// Every `shoal --policy` value, from the router's own list
+/// (`PolicyKind::names`), so a new policy is benchmarkable without an edit
+/// here. Leaked once: the names live as long as the bench.
+pub fn policies() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        PolicyKind::names()
+            .into_iter()
+            .map(|name| &*Box::leak(name.into_boxed_str()))
+            .collect()
+    })
+}
 
-/// `(name, policy, workload)` of every [`Choice::Pair`]: each policy on
-/// each workload.
-pub const PAIRS: [(&str, &str, WorkloadKind); 16] = {
-    use WorkloadKind::{SharedPrefix, SizeSkewed};
-    [
-        ("round_robin@size_skewed", "round_robin", SizeSkewed),
-        ("random@size_skewed", "random", SizeSkewed),
-        ("power_of_two@size_skewed", "power_of_two", SizeSkewed),
-        ("least_load@size_skewed", "least_load", SizeSkewed),
-        ("cache_aware@size_skewed", "cache_aware", SizeSkewed),
-        ("load_aware@size_skewed", "load_aware", SizeSkewed),
-        ("prefix_affinity@size_skewed", "prefix_affinity", SizeSkewed),
-        ("precise_prefix@size_skewed", "precise_prefix", SizeSkewed),
-        ("round_robin@shared_prefix", "round_robin", SharedPrefix),
-        ("random@shared_prefix", "random", SharedPrefix),
-        ("power_of_two@shared_prefix", "power_of_two", SharedPrefix),
-        ("least_load@shared_prefix", "least_load", SharedPrefix),
-        ("cache_aware@shared_prefix", "cache_aware", SharedPrefix),
-        ("load_aware@shared_prefix", "load_aware", SharedPrefix),
-        (
-            "prefix_affinity@shared_prefix",
-            "prefix_affinity",
-            SharedPrefix,
-        ),
-        (
-            "precise_prefix@shared_prefix",
-            "precise_prefix",
-            SharedPrefix,
-        ),
-    ]
-};
+/// One [`Choice::Pair`]: its name (`<policy>@<workload>`), the policy and
+/// the workload.
+pub type Pair = (&'static str, &'static str, WorkloadKind);
+
+/// Every [`Choice::Pair`]: each policy on each workload (size-skewed
+/// first), derived from [`policies`].
+pub fn pairs() -> &'static [Pair] {
+    static PAIRS: OnceLock<Vec<Pair>> = OnceLock::new();
+    PAIRS.get_or_init(|| {
+        let workloads = [
+            ("size_skewed", WorkloadKind::SizeSkewed),
+            ("shared_prefix", WorkloadKind::SharedPrefix),
+        ];
+        workloads
+            .into_iter()
+            .flat_map(|(workload, kind)| {
+                policies().iter().map(move |&policy| {
+                    let name = format!("{policy}@{workload}");
+                    (&*Box::leak(name.into_boxed_str()), policy, kind)
+                })
+            })
+            .collect()
+    })
+}
 
 impl Choice {
     /// The named choices, in the order of the docs (the pairs follow).
@@ -80,7 +78,7 @@ impl Choice {
     pub fn all() -> impl Iterator<Item = Choice> {
         Self::NAMED
             .into_iter()
-            .chain((0..PAIRS.len()).map(Choice::Pair))
+            .chain((0..pairs().len()).map(Choice::Pair))
     }
 
     /// The name on the command line and in tables and JSON (`group`).
@@ -89,7 +87,7 @@ impl Choice {
             Choice::LeastLoad => "least_load",
             Choice::CacheAware => "cache_aware",
             Choice::LeastLoadVllm => "least_load_vllm",
-            Choice::Pair(i) => PAIRS.get(i).map_or("?", |p| p.0),
+            Choice::Pair(i) => pairs().get(i).map_or("?", |p| p.0),
         }
     }
 
@@ -101,7 +99,7 @@ impl Choice {
                 "unknown policy {s:?} (expected one of {}, or <policy>@<workload> with a \
                  policy among {} and a workload of size_skewed or shared_prefix)",
                 names.join(", "),
-                POLICIES.join(", ")
+                policies().join(", ")
             )
         })
     }
@@ -111,7 +109,7 @@ impl Choice {
         match self {
             Choice::LeastLoad | Choice::LeastLoadVllm => "least_load",
             Choice::CacheAware => "cache_aware",
-            Choice::Pair(i) => PAIRS.get(i).map_or("?", |p| p.1),
+            Choice::Pair(i) => pairs().get(i).map_or("?", |p| p.1),
         }
     }
 
@@ -120,7 +118,7 @@ impl Choice {
         match self {
             Choice::LeastLoad | Choice::LeastLoadVllm => WorkloadKind::SizeSkewed,
             Choice::CacheAware => WorkloadKind::SharedPrefix,
-            Choice::Pair(i) => PAIRS.get(i).map_or(WorkloadKind::SizeSkewed, |p| p.2),
+            Choice::Pair(i) => pairs().get(i).map_or(WorkloadKind::SizeSkewed, |p| p.2),
         }
     }
 
@@ -163,10 +161,10 @@ pub fn scenarios(group: &str, policy: &str, flavor: Flavor, replicas: usize) -> 
 pub fn parse_trace_policies(names: &[String]) -> Result<Vec<&'static str>, String> {
     let mut out: Vec<&'static str> = Vec::new();
     for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
-        let p = POLICIES.iter().find(|p| **p == n).ok_or_else(|| {
+        let p = policies().iter().find(|p| **p == n).ok_or_else(|| {
             format!(
                 "unknown policy {n:?} for a trace replay (expected one of {})",
-                POLICIES.join(", ")
+                policies().join(", ")
             )
         })?;
         if !out.contains(p) {
@@ -229,7 +227,7 @@ mod tests {
 
     #[test]
     fn every_policy_runs_on_both_workloads() {
-        for policy in POLICIES {
+        for &policy in policies() {
             for (workload, kind) in [
                 ("size_skewed", WorkloadKind::SizeSkewed),
                 ("shared_prefix", WorkloadKind::SharedPrefix),
