@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Ca, cluster, wait_for_full_mesh, wait_until};
+use shoal_mesh::DEFAULT_DISPATCH_HISTORY;
 use shoal_mesh::proto::{EngineKind, EngineLoad};
 
 #[test]
@@ -94,6 +95,12 @@ fn four_nodes_converge_to_identical_totals() {
         .find(|n| n.mesh().incarnation().name.as_ref() == owner_name)
         .unwrap();
     let slot = poller.mesh().worker(&workers[0]);
+    // A node rebases to a peer's poll time from its dispatch history, whose
+    // precision is one bucket (the span over 64): work dispatched in the
+    // same bucket as the poll may be counted as after it. The earlier
+    // phases' work must sit a full bucket before the poll for the exact
+    // count asserted below, so wait out two buckets.
+    std::thread::sleep(2 * DEFAULT_DISPATCH_HISTORY / 64 + Duration::from_millis(1));
     let stamp = slot.poll_stamp();
     poller.mesh().publish_snapshot(
         &slot,
