@@ -17,11 +17,13 @@
 //!   included) by its path from the repository root as the tree has it:
 //!   `router/src/auth.rs` for a file, `router/src/proxy/` for a directory;
 //!   a module that is both (`router/src/admission.rs` with
-//!   `router/src/admission/`) may be named either way.
+//!   `router/src/admission/`) may be named either way;
+//! - a flag group by its `--help` heading, as a row of the Configuration
+//!   table (``| `Mesh` |``).
 //!
-//! Read from the file tree and the document's text, so it needs no tool.
+//! Read from the file tree, the flags and the document's text, so it needs no tool.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Directories whose top-level `*.rs` files are test files, from the root.
@@ -105,6 +107,31 @@ fn every_test_file_is_named() {
         missing.is_empty(),
         "ARCHITECTURE.md does not name these test files (add each to its table in \
          \"Tests, by layer\" with one line on what it proves):\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+#[test]
+fn every_flag_group_is_named() {
+    use clap::CommandFactory;
+    let doc = architecture();
+    let command = shoal::config::Config::command();
+    let headings: BTreeSet<&str> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_help_heading())
+        .collect();
+    assert!(
+        headings.len() > 10,
+        "the flags come in groups: {headings:?}"
+    );
+    let missing: Vec<&str> = headings
+        .into_iter()
+        .filter(|heading| !doc.contains(&format!("| `{heading}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's flag-group table (\"Configuration\") has no row for these \
+         --help headings (name the struct, its file and what reads it):\n  {}",
         missing.join("\n  ")
     );
 }
