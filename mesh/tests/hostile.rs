@@ -431,6 +431,19 @@ fn forged_incarnation(readiness: &str) {
     let newer = nodes[2].mesh().incarnation().generation + 1_000_000;
     let fake = "127.0.0.1:9".parse().unwrap();
     let _n2 = rogue_gossip(&rt, "n2", newer, keys(fake, readiness), seed);
+    // First prove the forgery arrived (the members' gossip lists it), so
+    // the absence of a change below is not the absence of the attack.
+    let seen = |n: &&Node| {
+        n.mesh()
+            .status()
+            .members
+            .iter()
+            .any(|m| m.name == "n2" && m.generation == newer)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || refs.iter().any(seen)),
+        "the forged incarnation never reached the members' gossip"
+    );
     if let Some(change) = first_change(&refs, &before, Duration::from_secs(4)) {
         panic!("a forged incarnation ({readiness}) changed routing: {change}");
     }

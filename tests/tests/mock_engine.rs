@@ -183,9 +183,12 @@ async fn repeated_prefix_prefills_faster() {
         t_hit * 4.0 < t_miss,
         "hit TTFT {t_hit} ms vs miss {t_miss} ms"
     );
+    // The hit's first streamed byte reaches the client before a miss's
+    // modelled prefill alone would have ended: a ratio of two behaviours
+    // of this run, not a wall-clock bound the host's speed decides.
     assert!(
-        client_ttft_hit < Duration::from_millis(60),
-        "{client_ttft_hit:?}"
+        client_ttft_hit.as_secs_f64() * 1000.0 < t_miss,
+        "streamed hit's first byte after {client_ttft_hit:?}, miss TTFT {t_miss} ms"
     );
     let v = client
         .get(&format!("{}/v1/loads", h.url()))
