@@ -116,7 +116,17 @@ async fn sigterm_lets_an_in_flight_stream_finish_then_exits_cleanly() {
         .status()
         .unwrap();
     assert!(status.success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the drain has run its course up to the open stream: the
+    // settle period is over once the listener refuses connections. Only
+    // then does "still running" say the stream holds the exit back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener stayed open after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         child.0.try_wait().unwrap().is_none(),
         "still serving the open stream"
