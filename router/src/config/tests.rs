@@ -351,3 +351,33 @@ fn io_threads_default_to_one_per_core_and_reject_bad_counts_naming_the_flag() {
         assert!(text.contains("--io-threads"), "--io-threads={bad}: {text}");
     }
 }
+
+/// The two help strings that state a default in words (the flag's value
+/// is derived, so clap cannot print it) name the constant's value: a new
+/// default cannot leave the help behind.
+#[test]
+fn help_strings_that_state_a_default_name_the_constant() {
+    use clap::CommandFactory;
+    let command = Config::command();
+    let help = |id: &str| {
+        command
+            .get_arguments()
+            .find(|arg| arg.get_id() == id)
+            .and_then(|arg| arg.get_help())
+            .map(|help| help.to_string())
+            .unwrap_or_default()
+    };
+    let port = help("mesh_port");
+    assert!(
+        port.contains(&format!("[default when on: {}]", defaults::MESH_PORT)),
+        "{port}"
+    );
+    let stale = help("load_stale_after_ms");
+    assert!(
+        stale.contains(&format!(
+            "[default: {} × poll interval]",
+            defaults::LOAD_STALE_AFTER_POLLS
+        )),
+        "{stale}"
+    );
+}
