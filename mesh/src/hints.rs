@@ -2,7 +2,7 @@
 //! peers route better for knowing (prompt-key sightings, where stored
 //! objects live), as opposed to state that must converge.
 //!
-//! A hint may be forgotten: it is not in the ledger, a link that connects
+//! A hint may be forgotten: it is not in the transcript, a link that connects
 //! later does not get past ones, and a full outbound queue drops new hints
 //! (counted) rather than grow. The router queues each hint through a
 //! [`HintSender`]; every round takes what was queued since the last one

@@ -10,7 +10,7 @@
 //! router's receiver.
 //!
 //! Like sightings these are hints that may be forgotten, never state to
-//! converge: not in the ledger, a link that connects later does not get
+//! converge: not in the transcript, a link that connects later does not get
 //! the past ones (the router then locates the object by asking), and a
 //! full outbound queue drops new pairs (counted) rather than grow.
 //!

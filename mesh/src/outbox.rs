@@ -1,9 +1,9 @@
-//! What this node tells its peers: one ledger of what they were told, and
+//! What this node tells its peers: one transcript of what they were told, and
 //! rounds built once and written on every link.
 //!
 //! A round (on a bell announcement, at most one per push gap, and at least
 //! every sync interval) reads the entries whose change flag is set, the
-//! polled flags and snapshots, compares them with the ledger and encodes
+//! polled flags and snapshots, compares them with the transcript and encodes
 //! what changed once, with this node's own worker-set writes since the
 //! last round (and, once per anti-entropy interval, the worker-set digest:
 //! see `worker_set`); every link writes the same bytes.
@@ -12,16 +12,16 @@
 //! frames for every push: at 64 replicas a change cost 63 walks of every
 //! key and 63 encodes — see `benches/scale`.)
 //!
-//! Each round also carries a slice of the ledger unchanged, the rolling
+//! Each round also carries a slice of the transcript unchanged, the rolling
 //! refresh: every entry is re-sent once per anti-entropy interval, so a
 //! receiver keeps what is live (it forgets entries nobody refreshes) and
 //! heals anything it lost, as an even trickle shared by all links rather
 //! than a full copy per link in a burst.
 //!
 //! A link that starts, or falls more than [`ROUNDS_BUFFERED`] rounds
-//! behind, gets the ledger itself — what every peer was told as of the last
+//! behind, gets the transcript itself — what every peer was told as of the last
 //! round, in that round's number — then the rounds after it. Entries are
-//! absolute values ordered by round, so the ledger plus the later rounds
+//! absolute values ordered by round, so the transcript plus the later rounds
 //! leaves that peer where every other one is. (A copy of the *current*
 //! values would not: a value that changed and changed back between two
 //! rounds would reach one peer and never be corrected.)
@@ -44,7 +44,7 @@ use crate::slot::WorkerEntry;
 use crate::state::SnapshotValue;
 use crate::worker_frames;
 
-/// Rounds a link may fall behind before it is sent the ledger instead (at
+/// Rounds a link may fall behind before it is sent the transcript instead (at
 /// the shortest push gap, about four seconds of rounds).
 pub(crate) const ROUNDS_BUFFERED: usize = 1024;
 
@@ -65,11 +65,11 @@ struct Told {
 
 /// What every peer was told, as of the last round.
 #[derive(Debug, Default)]
-struct Ledger {
+struct Transcript {
     /// By wire id (bounded by the most keys this node held at once).
     told: Vec<Option<Told>>,
     /// Sequence of the last round built: a link skips rounds at or below
-    /// the sequence of the ledger copy it was sent.
+    /// the sequence of the transcript copy it was sent.
     seq: u64,
     /// Wire round (the LWW version) of the last round with entries.
     round: u64,
@@ -85,7 +85,7 @@ struct Ledger {
     last_round_at: Option<Instant>,
 }
 
-impl Ledger {
+impl Transcript {
     fn told(&self, entry: &WorkerEntry) -> Option<Told> {
         self.told
             .get(entry.id as usize)
@@ -157,8 +157,8 @@ pub(crate) struct Round {
 
 /// What a new (or resynced) link is sent first.
 #[derive(Debug)]
-pub(crate) struct LedgerCopy {
-    /// The ledger's frames, then the whole worker set's.
+pub(crate) struct TranscriptCopy {
+    /// The transcript's frames, then the whole worker set's.
     pub(crate) frames: Vec<Vec<u8>>,
     /// Bytes of the worker-set frames among them.
     pub(crate) set_bytes: usize,
@@ -215,7 +215,7 @@ impl Batch {
         }
     }
 
-    /// Every entry of `told` for `entry` (a ledger copy or a refresh).
+    /// Every entry of `told` for `entry` (a transcript copy or a refresh).
     fn all_of(&mut self, entry: &WorkerEntry, told: &Told) {
         self.key(KeyDef {
             id: entry.id,
@@ -269,34 +269,34 @@ fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
     }
 }
 
-/// The node's ledger and its stream of rounds.
+/// The node's transcript and its stream of rounds.
 #[derive(Debug)]
 pub(crate) struct Outbox {
-    ledger: Mutex<Ledger>,
+    transcript: Mutex<Transcript>,
     rounds: broadcast::Sender<Arc<Round>>,
-    /// Every ledger entry is re-sent once per this interval.
+    /// Every transcript entry is re-sent once per this interval.
     refresh_every: Duration,
 }
 
 impl Outbox {
     pub(crate) fn new(refresh_every: Duration) -> Self {
         Self {
-            ledger: Mutex::new(Ledger::default()),
+            transcript: Mutex::new(Transcript::default()),
             rounds: broadcast::channel(ROUNDS_BUFFERED).0,
             refresh_every,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Transcript> {
+        self.transcript.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A link's feed of rounds; take it before [`Outbox::ledger_copy`].
+    /// A link's feed of rounds; take it before [`Outbox::transcript_copy`].
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Round>> {
         self.rounds.subscribe()
     }
 
-    /// Every entry of the ledger is re-sent once per this interval, and
+    /// Every entry of the transcript is re-sent once per this interval, and
     /// the worker-set digest goes out as often.
     pub(crate) fn refresh_every(&self) -> Duration {
         self.refresh_every
@@ -305,35 +305,35 @@ impl Outbox {
     /// What every peer was told as of the last round, as frames in that
     /// round's number, with the whole worker set (whatever this node's
     /// rounds carry later is newer or the same).
-    pub(crate) fn ledger_copy(&self, core: &Core) -> Result<LedgerCopy, FrameError> {
-        let ledger = self.lock();
+    pub(crate) fn transcript_copy(&self, core: &Core) -> Result<TranscriptCopy, FrameError> {
+        let transcript = self.lock();
         let mut batch = Batch::default();
         for entry in core.registry.list().iter() {
-            if let Some(told) = ledger.told(entry) {
+            if let Some(told) = transcript.told(entry) {
                 batch.all_of(entry, &told);
             }
         }
-        let mut frames = batch.encode(ledger.round, 0)?;
+        let mut frames = batch.encode(transcript.round, 0)?;
         let set = worker_frames::entries(&core.worker_set.lock().to_entries())?;
         frames.extend(set.frames);
-        Ok(LedgerCopy {
+        Ok(TranscriptCopy {
             frames,
             set_bytes: set.bytes,
-            upto: ledger.seq,
+            upto: transcript.seq,
         })
     }
 
     /// Builds the next round — what changed since the last one, plus the
     /// refresh slice — and hands it to every link. Rounds with nothing in
-    /// them are not sent (they still take a sequence number). The ledger
+    /// them are not sent (they still take a sequence number). The transcript
     /// records only what was encoded: if encoding fails, the round's
     /// changes stay flagged for the next one.
     pub(crate) fn round(&self, core: &Core) -> Result<(), FrameError> {
-        let mut ledger = self.lock();
+        let mut transcript = self.lock();
         let entries = core.registry.list();
-        let refresh_before = ledger.refresh_state();
+        let refresh_before = transcript.refresh_state();
         let (refresh_start, refresh_count) =
-            ledger.refresh_slice(Instant::now(), entries.len(), self.refresh_every);
+            transcript.refresh_slice(Instant::now(), entries.len(), self.refresh_every);
         let refreshed = |pos: usize| {
             let live = entries.len().max(1);
             (pos + live - refresh_start % live) % live < refresh_count
@@ -345,8 +345,8 @@ impl Outbox {
             if entry.id == u32::MAX {
                 continue;
             }
-            let prev = ledger.told(entry);
-            // Only an entry whose flag is set can differ from the ledger.
+            let prev = transcript.told(entry);
+            // Only an entry whose flag is set can differ from the transcript.
             let changed = if entry.take_changed() {
                 changes(entry, prev.as_ref())
             } else {
@@ -362,10 +362,10 @@ impl Outbox {
             }
         }
         let now = Instant::now();
-        let digest_since = *ledger.digest_since.get_or_insert(now);
+        let digest_since = *transcript.digest_since.get_or_insert(now);
         let digest_due = now.saturating_duration_since(digest_since) >= self.refresh_every;
         let own_writes = core.worker_set.lock().take_own_changes();
-        let encoded = self.encode_round(core, &ledger, batch, &own_writes, digest_due);
+        let encoded = self.encode_round(core, &transcript, batch, &own_writes, digest_due);
         let encoded = match encoded {
             Ok(encoded) => encoded,
             Err(e) => {
@@ -373,29 +373,29 @@ impl Outbox {
                     entry.keep_changed();
                 }
                 core.worker_set.lock().restore_own_changes(&own_writes);
-                ledger.restore_refresh(refresh_before);
+                transcript.restore_refresh(refresh_before);
                 return Err(e);
             }
         };
         for (entry, next) in told_now {
-            ledger.set(entry, next);
+            transcript.set(entry, next);
         }
         if let Some(round) = encoded.round {
-            ledger.round = round;
+            transcript.round = round;
         }
         if encoded.digest_sent {
-            ledger.digest_since = Some(now);
+            transcript.digest_since = Some(now);
         }
-        ledger.last_read_us = read_at;
-        ledger.seq += 1;
-        let seq = ledger.seq;
+        transcript.last_read_us = read_at;
+        transcript.seq += 1;
+        let seq = transcript.seq;
         let mut frames = encoded.frames;
-        // Sightings and objects are outside the ledger (taken from their
+        // Sightings and objects are outside the transcript (taken from their
         // queues here).
         frames.extend(core.sightings.frames()?);
         frames.extend(core.objects.frames()?);
         if !frames.is_empty() {
-            // No receiver (no link up) is not an error: the ledger holds it.
+            // No receiver (no link up) is not an error: the transcript holds it.
             let _ = self.rounds.send(Arc::new(Round {
                 seq,
                 frames,
@@ -407,11 +407,11 @@ impl Outbox {
 
     /// The frames of a round: its updates (stamped with a new wire round
     /// if there are any), this node's own worker-set writes, and the
-    /// digest when it is due. Changes nothing in the ledger.
+    /// digest when it is due. Changes nothing in the transcript.
     fn encode_round(
         &self,
         core: &Core,
-        ledger: &Ledger,
+        transcript: &Transcript,
         batch: Batch,
         own_writes: &[WorkerSetEntry],
         digest_due: bool,
@@ -423,7 +423,7 @@ impl Outbox {
             // The lag histogram needs one sample in a few rounds, not
             // eight bytes in every one.
             let prev_read = if next.is_multiple_of(LAG_SAMPLE_EVERY) {
-                ledger.last_read_us
+                transcript.last_read_us
             } else {
                 0
             };
@@ -444,8 +444,8 @@ impl Outbox {
     }
 }
 
-/// What the ledger says after this round for `entry`, if anything changed
-/// since `prev` (or the entry is new to the ledger and has something to
+/// What the transcript says after this round for `entry`, if anything changed
+/// since `prev` (or the entry is new to the transcript and has something to
 /// say).
 fn changes(entry: &WorkerEntry, prev: Option<&Told>) -> Option<Told> {
     let touched = entry.touched.load(Ordering::Relaxed);

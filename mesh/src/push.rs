@@ -1,10 +1,10 @@
 //! The push half of a load session: the node's rounds to one peer.
 //!
-//! After the session's `Hello`: the ledger (what every peer was told, as of
+//! After the session's `Hello`: the transcript (what every peer was told, as of
 //! the last round) and the worker set, then every later round as the
 //! outbox built it — the same bytes every link writes (see `outbox`) — and
 //! this link's own worker-set repairs (the session's answers to the peer's
-//! digests). A link that falls too far behind is sent the ledger again. On
+//! digests). A link that falls too far behind is sent the transcript again. On
 //! shutdown: the last round, then `Bye`, so the peer stops counting us at
 //! once.
 
@@ -59,14 +59,14 @@ async fn write_all(
     Ok(())
 }
 
-/// Sends the ledger; returns the sequence the link's rounds continue after.
-async fn send_ledger(core: &Core, stream: &mut SendStream) -> Result<u64, StreamError> {
-    let copy = core.outbox.ledger_copy(core)?;
+/// Sends the transcript; returns the sequence the link's rounds continue after.
+async fn send_transcript(core: &Core, stream: &mut SendStream) -> Result<u64, StreamError> {
+    let copy = core.outbox.transcript_copy(core)?;
     write_all(core, stream, &copy.frames, copy.set_bytes).await?;
     Ok(copy.upto)
 }
 
-/// Writes `round` unless the ledger copy already covered it.
+/// Writes `round` unless the transcript copy already covered it.
 async fn send_round(
     core: &Core,
     stream: &mut SendStream,
@@ -92,7 +92,7 @@ pub(crate) async fn push(
 ) -> Result<(), StreamError> {
     // Subscribed before the copy: no round between the two is missed.
     let mut rounds = core.outbox.subscribe();
-    let mut upto = send_ledger(core, stream).await?;
+    let mut upto = send_transcript(core, stream).await?;
     let mut wire = WireMeter::default();
     loop {
         if *stop.borrow() {
@@ -116,7 +116,7 @@ pub(crate) async fn push(
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     // Too far behind to catch up round by round.
                     core.telemetry.link_resync();
-                    upto = send_ledger(core, stream).await?;
+                    upto = send_transcript(core, stream).await?;
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },

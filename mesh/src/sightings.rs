@@ -9,7 +9,7 @@
 //! the peers' keys are handed to the router's receiver.
 //!
 //! Sightings are evidence that may be forgotten, never state to converge:
-//! they are not in the ledger, a link that connects later does not get the
+//! they are not in the transcript, a link that connects later does not get the
 //! past ones, and a full outbound queue drops new keys (counted) rather
 //! than grow.
 //!

@@ -84,7 +84,7 @@ impl Telemetry {
         metrics::counter!("shoal_mesh_bytes_sent_total").increment(bytes as u64);
     }
 
-    /// A link fell too many rounds behind and was sent the ledger again.
+    /// A link fell too many rounds behind and was sent the transcript again.
     pub(crate) fn link_resync(&self) {
         metrics::counter!("shoal_mesh_link_resyncs_total").increment(1);
     }
@@ -316,7 +316,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "shoal_mesh_link_resyncs_total",
-        "Load links that fell too many rounds behind (a stalled peer) and were sent the whole ledger again."
+        "Load links that fell too many rounds behind (a stalled peer) and were sent the whole transcript again."
     );
     describe_counter!(
         "shoal_mesh_poll_times_clamped_total",

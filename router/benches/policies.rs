@@ -16,7 +16,7 @@ use shoal::policy::{
     PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
 };
 use shoal::request::RequestInfo;
-use shoal::workers::Booking;
+use shoal::workers::SlotBooking;
 use shoal::workers::Worker;
 use shoal_proto::{EngineKind, EngineLoad, LoadSnapshot};
 
@@ -62,7 +62,7 @@ struct Fleet {
     workers: Vec<Arc<Worker>>,
     view: LocalFleet,
     requests: Vec<RequestInfo>,
-    _held: Vec<Booking>,
+    _held: Vec<SlotBooking>,
 }
 
 fn fleet(n: usize) -> Fleet {

@@ -9,12 +9,12 @@ use super::testkit::*;
 use super::*;
 use crate::config::{CacheAwareConfig, LeastLoadConfig};
 use crate::fleet::FleetView;
-use crate::workers::Booking;
+use crate::workers::SlotBooking;
 
 struct Worlds {
     workers: Vec<Arc<Worker>>,
     replicas: ReplicaFleet,
-    held: Vec<Booking>,
+    held: Vec<SlotBooking>,
     next_replica: usize,
 }
 

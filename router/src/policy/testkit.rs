@@ -14,7 +14,7 @@ use crate::config::BreakerConfig;
 use crate::fleet::{FleetView, LocalFleet, Moment, WorkerLoad};
 use crate::request::RequestInfo;
 use crate::workers::Worker;
-use crate::workers::{Booking, Ledger};
+use crate::workers::{Ledger, SlotBooking};
 use shoal_proto::LoadCounts;
 
 /// How long test snapshots stay fresh.
@@ -83,7 +83,7 @@ pub fn store_load(worker: &Worker, engine: Engine) {
 }
 
 /// Books `n` requests of `tokens` token-work each on the worker's ledger.
-pub fn book(worker: &Worker, n: usize, tokens: u64) -> Vec<Booking> {
+pub fn book(worker: &Worker, n: usize, tokens: u64) -> Vec<SlotBooking> {
     (0..n)
         .map(|_| worker.ledger().book(tokens, tokens))
         .collect()
@@ -142,7 +142,7 @@ impl ReplicaFleet {
     }
 
     /// Books on `replica`'s slot for `worker`.
-    pub fn book(&mut self, replica: usize, worker: &Worker, tokens: u64) -> Booking {
+    pub fn book(&mut self, replica: usize, worker: &Worker, tokens: u64) -> SlotBooking {
         self.replicas[replica]
             .entry(worker.id())
             .or_insert_with(|| Ledger::detached(worker.url()))

@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::link::LinkBody;
 use crate::telemetry::RequestRecord;
-use crate::workers::Booking;
+use crate::workers::SlotBooking;
 use crate::workers::Worker;
 
 /// Error type of the streamed body.
@@ -25,7 +25,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A worker's response body that accounts for the request it belongs to.
 pub struct TrackedBody {
     inner: LinkBody,
-    booking: Option<Booking>,
+    booking: Option<SlotBooking>,
     worker: Arc<Worker>,
     /// End of the request's time budget.
     deadline: tokio::time::Instant,
@@ -40,7 +40,7 @@ impl TrackedBody {
     /// `record` the request's accounting with the worker's status set.
     pub fn new(
         inner: LinkBody,
-        booking: Booking,
+        booking: SlotBooking,
         worker: Arc<Worker>,
         deadline: tokio::time::Instant,
         record: RequestRecord,

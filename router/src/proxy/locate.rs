@@ -66,7 +66,7 @@ impl Forwarder {
     ) -> Located {
         let path = format!("{}/{id}", kind.collection());
         let info = RequestInfo {
-            free: true,
+            runs_no_model: true,
             model: request.info.model.clone(),
             ..RequestInfo::default()
         };

@@ -46,7 +46,7 @@ use crate::request::RequestInfo;
 use crate::retry_rule::{self, Progress, Verdict};
 use crate::telemetry::{self, RequestRecord};
 use crate::upstream;
-use crate::workers::{Booking, ModelNotFound, Registry, Worker};
+use crate::workers::{ModelNotFound, Registry, SlotBooking, Worker};
 
 pub use body::TrackedBody;
 pub use locate::{Learn, Located, Placement};
@@ -167,7 +167,7 @@ impl Failure {
 /// A worker's response headers, with the booking and worker it belongs to.
 struct Answer {
     response: http::Response<LinkBody>,
-    booking: Booking,
+    booking: SlotBooking,
     worker: Arc<Worker>,
     /// Attempts made, this one included.
     attempts: usize,
@@ -181,7 +181,7 @@ impl Answer {
 
     /// Discards the response (nothing of it reached the client) and keeps
     /// the booking, for [`RetryConfig::release_and_sleep`].
-    fn discard(self) -> Booking {
+    fn discard(self) -> SlotBooking {
         let Self {
             response, booking, ..
         } = self;
@@ -237,7 +237,7 @@ enum Outcome {
     /// The worker answered (any status).
     Answered(Answer),
     /// No response: the booking to release and why.
-    Failed(Booking, Failure),
+    Failed(SlotBooking, Failure),
 }
 
 /// Nothing to choose from: the registered workers, to explain why.
@@ -420,7 +420,7 @@ impl Forwarder {
             let has_retry_left =
                 attempt < self.max_retries && tokio::time::Instant::now() < deadline;
             // A request that runs no model books a request slot only.
-            let token_work = match request.info.free {
+            let token_work = match request.info.runs_no_model {
                 true => 0,
                 false => workers.policy.token_work(request.info),
             };
@@ -491,7 +491,7 @@ impl Forwarder {
         attempt: u32,
         deadline: tokio::time::Instant,
     ) -> Outcome {
-        let prompt_tokens = match request.info.free {
+        let prompt_tokens = match request.info.runs_no_model {
             true => 0,
             false => request.info.prompt_tokens,
         };

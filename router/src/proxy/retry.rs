@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::workers::Booking;
+use crate::workers::SlotBooking;
 
 use crate::config::RetryConfig;
 
@@ -30,7 +30,7 @@ impl RetryConfig {
     /// pending prefill) while it waits.
     pub async fn release_and_sleep(
         &self,
-        booking: Booking,
+        booking: SlotBooking,
         attempt: u32,
         deadline: tokio::time::Instant,
     ) {

@@ -41,7 +41,7 @@ pub struct RequestInfo {
     pub model: Option<String>,
     /// The request runs no model (tokenizing): booked as one request with
     /// no token-work, whatever its text.
-    pub free: bool,
+    pub runs_no_model: bool,
     /// The stored object the request builds on, which only the engine
     /// holding it can serve: a Responses request's
     /// `previous_response_id`, a batch's `input_file_id` (see `objects`).
@@ -96,7 +96,7 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
         text: scanned.text,
         turns: scanned.turns,
         model: scanned.model,
-        free: false,
+        runs_no_model: false,
         builds_on,
         token_ids: None,
     })
@@ -108,7 +108,7 @@ pub fn inspect(body: &[u8], text_limit: Option<usize>) -> Result<RequestInfo, Bo
 /// unknown prompt; any other body (an unknown `/v1/` route) is read as
 /// JSON when it is and otherwise passed on with nothing learned. A route
 /// that runs no model, or a bodiless request, is marked
-/// [`RequestInfo::free`]. `text_limit` is [`inspect`]'s.
+/// [`RequestInfo::runs_no_model`]. `text_limit` is [`inspect`]'s.
 pub fn inspect_route(
     route: Route,
     body: &[u8],
@@ -126,12 +126,12 @@ pub fn inspect_route(
         },
         // No body (a GET or DELETE of a stored object): no model runs.
         BodyKind::Opaque if body.is_empty() => RequestInfo {
-            free: true,
+            runs_no_model: true,
             ..RequestInfo::default()
         },
         BodyKind::Opaque => inspect(body, text_limit).unwrap_or_default(),
     };
-    info.free |= route.work() == Work::RequestOnly;
+    info.runs_no_model |= route.work() == Work::RequestOnly;
     Ok(info)
 }
 
@@ -224,11 +224,11 @@ mod tests {
         let other = inspect_route(Route::Other, br#"{"model":"x","input":"abcd"}"#, None, None);
         assert_eq!(other.unwrap().model.as_deref(), Some("x"));
         let tokenize = inspect_route(Route::Tokenize, br#"{"prompt":"abcdefgh"}"#, None, None);
-        assert!(tokenize.unwrap().free, "tokenizing runs no model");
+        assert!(tokenize.unwrap().runs_no_model, "tokenizing runs no model");
         assert!(
             !inspect_route(Route::Completions, br#"{"prompt":"a"}"#, None, None)
                 .unwrap()
-                .free
+                .runs_no_model
         );
     }
 

@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use activity::{Activity, Counted};
-use placement::{BusyClock, BusySampler, LaneLoad};
+use placement::{BusyClock, BusySampler, IoThreadLoad};
 use table::ConnTable;
 
 /// What the I/O threads serve each connection with: a hyper service
@@ -92,7 +92,7 @@ pub fn resolve_thread_count(flag: usize) -> usize {
 }
 
 /// The acceptor's handle on one I/O thread.
-struct Lane {
+struct IoThreadHandle {
     connections: mpsc::UnboundedSender<std::net::TcpStream>,
     /// Connections the thread is serving now.
     open: Arc<AtomicUsize>,
@@ -150,7 +150,7 @@ impl IoThreads {
         make: impl ServiceFactory<S>,
     ) -> io::Result<Self> {
         let (stop, stop_rx) = watch::channel(false);
-        let mut lanes = Vec::with_capacity(count);
+        let mut io_threads = Vec::with_capacity(count);
         let mut finished = Vec::with_capacity(count);
         let origin = Instant::now();
         let table = Arc::new(ConnTable::default());
@@ -189,7 +189,7 @@ impl IoThreads {
                     drop(runtime);
                     let _ = done.send(());
                 })?;
-            lanes.push(Lane {
+            io_threads.push(IoThreadHandle {
                 connections,
                 open,
                 busy,
@@ -198,7 +198,7 @@ impl IoThreads {
         }
         let acceptor = tokio::spawn(accept(
             listener,
-            lanes,
+            io_threads,
             (limits.max_connections, table),
             stop_rx,
         ));
@@ -228,19 +228,22 @@ const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 /// closed to make room are going (each takes a moment on its own thread).
 const EVICTION_SLACK: usize = 16;
 
-/// Accepts until stopped, giving each connection to the lane
+/// Accepts until stopped, giving each connection to the I/O thread
 /// [`placement::place`] picks. With `max_connections` open, an idle one is
 /// closed to make room (`table`); when none is idle, the new connection is
 /// closed at once (counted), so descriptors stay free for engines and the
 /// mesh.
 async fn accept(
     listener: TcpListener,
-    lanes: Vec<Lane>,
+    io_threads: Vec<IoThreadHandle>,
     (max_connections, table): (usize, Arc<ConnTable>),
     mut stop: watch::Receiver<bool>,
 ) {
     let mut warned: Option<std::time::Instant> = None;
-    let clocks: Vec<&BusyClock> = lanes.iter().map(|lane| lane.busy.as_ref()).collect();
+    let clocks: Vec<&BusyClock> = io_threads
+        .iter()
+        .map(|io_thread| io_thread.busy.as_ref())
+        .collect();
     let mut sampler = BusySampler::new(&clocks);
     loop {
         let accepted = tokio::select! {
@@ -261,7 +264,10 @@ async fn accept(
                 continue;
             }
         };
-        let open: usize = lanes.iter().map(|l| l.open.load(Ordering::Relaxed)).sum();
+        let open: usize = io_threads
+            .iter()
+            .map(|l| l.open.load(Ordering::Relaxed))
+            .sum();
         if open >= max_connections
             && (open >= max_connections.saturating_add(EVICTION_SLACK) || !table.evict_one())
         {
@@ -270,31 +276,31 @@ async fn accept(
             continue;
         }
         let busy = sampler.busy(clocks.iter().copied());
-        let loads: Vec<LaneLoad> = lanes
+        let loads: Vec<IoThreadLoad> = io_threads
             .iter()
             .zip(busy)
-            .map(|(lane, busy)| LaneLoad {
+            .map(|(io_thread, busy)| IoThreadLoad {
                 busy,
-                open: lane.open.load(Ordering::Relaxed),
+                open: io_thread.open.load(Ordering::Relaxed),
             })
             .collect();
-        let Some(lane) = placement::place(&loads).and_then(|i| lanes.get(i)) else {
+        let Some(io_thread) = placement::place(&loads).and_then(|i| io_threads.get(i)) else {
             break;
         };
         match stream.into_std() {
             Ok(stream) => {
                 // Counted here, not when the thread picks it up, so a burst
                 // of connections spreads before any thread has run.
-                lane.open.fetch_add(1, Ordering::Relaxed);
-                if lane.connections.send(stream).is_err() {
-                    lane.open.fetch_sub(1, Ordering::Relaxed);
+                io_thread.open.fetch_add(1, Ordering::Relaxed);
+                if io_thread.connections.send(stream).is_err() {
+                    io_thread.open.fetch_sub(1, Ordering::Relaxed);
                     tracing::error!("an I/O thread is gone; dropping a connection");
                 }
             }
             Err(err) => tracing::warn!(error = %err, "cannot hand over a connection"),
         }
     }
-    // Dropping the listener closes the port; dropping the lanes tells each
+    // Dropping the listener closes the port; dropping the thread handles tells each
     // thread no more connections come.
 }
 
@@ -364,7 +370,7 @@ async fn anchor_timer_wheel() {
     }
 }
 
-/// One open connection of a lane: uncounted when dropped.
+/// One open connection of an I/O thread: uncounted when dropped.
 struct OpenConnection(Arc<AtomicUsize>);
 
 impl Drop for OpenConnection {

@@ -95,23 +95,23 @@ impl BusyClock {
 
 /// What the acceptor knows of one thread when it places a connection.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LaneLoad {
+pub struct IoThreadLoad {
     /// Fraction of recent wall time the thread was awake, 0..=1.
     pub busy: f64,
     /// Connections it serves now.
     pub open: usize,
 }
 
-/// The lane a new connection goes to: the first that is neither
+/// The I/O thread a new connection goes to: the first that is neither
 /// [`SPREAD_AT_BUSY`] busy nor holding [`FILL_MAX_OPEN`] connections, else
-/// the least busy (fewest connections on a tie); `None` without lanes.
-pub fn place(lanes: &[LaneLoad]) -> Option<usize> {
-    let has_room = |l: &LaneLoad| l.busy < SPREAD_AT_BUSY && l.open < FILL_MAX_OPEN;
-    lanes.iter().position(has_room).or_else(|| {
-        let load = |l: &LaneLoad| (l.busy.min(1.0), l.open);
-        (0..lanes.len()).min_by(|&a, &b| {
-            let (ba, oa) = load(&lanes[a]);
-            let (bb, ob) = load(&lanes[b]);
+/// the least busy (fewest connections on a tie); `None` without threads.
+pub fn place(io_threads: &[IoThreadLoad]) -> Option<usize> {
+    let has_room = |l: &IoThreadLoad| l.busy < SPREAD_AT_BUSY && l.open < FILL_MAX_OPEN;
+    io_threads.iter().position(has_room).or_else(|| {
+        let load = |l: &IoThreadLoad| (l.busy.min(1.0), l.open);
+        (0..io_threads.len()).min_by(|&a, &b| {
+            let (ba, oa) = load(&io_threads[a]);
+            let (bb, ob) = load(&io_threads[b]);
             ba.total_cmp(&bb).then(oa.cmp(&ob))
         })
     })
@@ -121,7 +121,7 @@ pub fn place(lanes: &[LaneLoad]) -> Option<usize> {
 /// fraction over the last window of at least [`SAMPLE_WINDOW`].
 #[derive(Debug)]
 pub struct BusySampler {
-    /// Per lane: (when sampled, awake total then, fraction last measured).
+    /// Per I/O thread: (when sampled, awake total then, fraction last measured).
     samples: Vec<(Instant, u64, f64)>,
 }
 
@@ -159,30 +159,39 @@ impl BusySampler {
 mod tests {
     use super::*;
 
-    fn lane(busy: f64, open: usize) -> LaneLoad {
-        LaneLoad { busy, open }
+    fn io_thread(busy: f64, open: usize) -> IoThreadLoad {
+        IoThreadLoad { busy, open }
     }
 
     #[test]
     fn a_quiet_first_thread_takes_every_connection() {
-        assert_eq!(place(&[lane(0.0, 0), lane(0.0, 0)]), Some(0));
+        assert_eq!(place(&[io_thread(0.0, 0), io_thread(0.0, 0)]), Some(0));
         assert_eq!(
-            place(&[lane(0.3, FILL_MAX_OPEN - 1), lane(0.0, 0)]),
+            place(&[io_thread(0.3, FILL_MAX_OPEN - 1), io_thread(0.0, 0)]),
             Some(0)
         );
     }
 
     #[test]
     fn a_busy_or_full_thread_hands_new_connections_to_the_next() {
-        assert_eq!(place(&[lane(0.7, 8), lane(0.1, 0), lane(0.0, 0)]), Some(1));
-        assert_eq!(place(&[lane(0.0, FILL_MAX_OPEN), lane(0.0, 0)]), Some(1));
+        assert_eq!(
+            place(&[io_thread(0.7, 8), io_thread(0.1, 0), io_thread(0.0, 0)]),
+            Some(1)
+        );
+        assert_eq!(
+            place(&[io_thread(0.0, FILL_MAX_OPEN), io_thread(0.0, 0)]),
+            Some(1)
+        );
     }
 
     #[test]
     fn when_every_thread_is_busy_the_least_busy_takes_it() {
-        assert_eq!(place(&[lane(0.9, 8), lane(0.6, 30), lane(0.8, 1)]), Some(1));
         assert_eq!(
-            place(&[lane(0.9, 8), lane(0.9, 3)]),
+            place(&[io_thread(0.9, 8), io_thread(0.6, 30), io_thread(0.8, 1)]),
+            Some(1)
+        );
+        assert_eq!(
+            place(&[io_thread(0.9, 8), io_thread(0.9, 3)]),
             Some(1),
             "tie: fewer open"
         );

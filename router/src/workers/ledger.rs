@@ -1,8 +1,9 @@
 //! This replica's bookings on one worker, as lock-free counters.
 //!
-//! A [`Booking`] is taken when a request is dispatched and released when it
-//! is dropped, so a finished stream, an error and a client that went away
-//! all release exactly once.
+//! A [`SlotBooking`] (the mesh crate's type: its `Drop`, which releases
+//! the claim, is in `mesh/src/slot.rs`) is taken when a request is
+//! dispatched and released when it is dropped, so a finished stream, an
+//! error and a client that went away all release exactly once.
 //!
 //! There is one booking implementation, the mesh's [`WorkerSlot`]: a meshed
 //! replica's slot is the one peers receive, a replica that routes alone
@@ -12,9 +13,6 @@
 
 use shoal_mesh::{PollStamp, SlotBooking, WorkerSlot};
 use shoal_proto::LoadCounts;
-
-/// One request's claim on a worker; dropping it releases the claim.
-pub type Booking = SlotBooking;
 
 /// In-flight requests and token-work this replica has routed to one worker.
 #[derive(Debug, Clone)]
@@ -41,7 +39,7 @@ impl Ledger {
 
     /// Books one request of `prompt_tokens` prompt and `token_work` total
     /// token-work. The counts are visible to the next selection at once.
-    pub fn book(&self, prompt_tokens: u64, token_work: u64) -> Booking {
+    pub fn book(&self, prompt_tokens: u64, token_work: u64) -> SlotBooking {
         self.slot.book(prompt_tokens, token_work)
     }
 

@@ -22,8 +22,9 @@ use shoal_proto::LoadSnapshot;
 use crate::config::BreakerConfig;
 
 pub use breaker::{CircuitBreaker, CircuitState};
-pub use ledger::{Booking, Ledger};
+pub use ledger::Ledger;
 pub use models::{ModelIndex, ModelList, ModelNotFound, Served, parse_model_list};
+pub use shoal_mesh::SlotBooking;
 pub use snapshot_cell::{CellStamp, SnapshotCell};
 
 /// A polled snapshot together with the local instant its poll started, so

@@ -1,6 +1,6 @@
 use super::*;
 use crate::policy::testkit::*;
-use crate::workers::{Booking, url_hash};
+use crate::workers::{SlotBooking, url_hash};
 
 fn policy() -> PrefixAffinityPolicy {
     PrefixAffinityPolicy::new(PrefixAffinityConfig::default(), LeastLoadConfig::default())
@@ -128,7 +128,7 @@ fn a_hot_prefix_overflows_in_key_order_within_the_bound() {
     let request = long_prompt(7);
     let first = home(&workers, &request);
     let p = policy();
-    let mut held: Vec<Booking> = Vec::new();
+    let mut held: Vec<SlotBooking> = Vec::new();
     let mut picks = [0u64; 4];
     for _ in 0..200 {
         let i = p.select(&workers, &request, &fleet()).unwrap();
@@ -183,7 +183,7 @@ fn a_hot_prefix_spreads_by_running_requests_even_while_its_queue_is_empty() {
     let first = home(&workers, &request);
     let p = policy();
     p.select(&workers, &request, &fleet());
-    let mut running: Vec<Booking> = Vec::new();
+    let mut running: Vec<SlotBooking> = Vec::new();
     let mut picks = [0u64; 4];
     for _ in 0..100 {
         let i = p.select(&workers, &request, &fleet()).unwrap();
