@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn every_policy_builds_under_its_own_name() {
         for kind in PolicyKind::value_variants() {
-            let name = kind.to_possible_value().unwrap().get_name().to_string();
+            let name = kind.name();
             assert_eq!(build(&routing(*kind)).name(), name);
         }
     }
