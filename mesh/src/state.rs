@@ -356,7 +356,6 @@ impl FleetState {
     /// The sum of the slots of the incarnations `counted` says are live,
     /// recomputed: what [`FleetState::total`] must always equal (checked
     /// on every merge in debug builds).
-    #[cfg(any(test, debug_assertions))]
     pub(crate) fn sum(&self, worker: &str, counted: &HashSet<Incarnation>) -> LoadCounts {
         let mut sum = LoadCounts::default();
         for inc in counted {
