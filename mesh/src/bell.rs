@@ -94,7 +94,7 @@ pub(crate) fn start_announcer(
     let handle = std::thread::Builder::new()
         .name("shoal-mesh-bell".into())
         .spawn(move || announce(&bell_for_thread, &changes))?;
-    // Set once: a second mesh on the same registry cannot exist.
+    // Set once: a second mesh on the same worker keys cannot exist.
     let _ = bell.announcer.set(handle.thread().clone());
     // A ring before the thread was known could not wake it.
     if bell.pending.load(Ordering::SeqCst) {

@@ -1,4 +1,4 @@
-//! The node's shared core: identity, worker registry, the fleet state and
+//! The node's shared core: identity, worker keys, the fleet state and
 //! what membership and the load links say about each peer. Background tasks
 //! update it; the router's hot path never locks it (it reads the per-worker
 //! views this module publishes).
@@ -20,13 +20,13 @@ use shoal_proto::{EngineKind, EngineLoad};
 use crate::identity::{Incarnation, unix_micros};
 use crate::objects::ObjectExchange;
 use crate::outbox::Outbox;
-use crate::registry::Registry;
 use crate::sightings::SightingExchange;
 use crate::slot::{Dispatched, HistoryWindow, PollStamp, RemoteView, SnapshotView, WorkerEntry};
 use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
+use crate::worker_keys::WorkerKeys;
 use crate::worker_set::{Sender, SharedWorkerSet, WallClock, WorkerSet};
 
 /// What chitchat says about one incarnation (hints only: unauthenticated).
@@ -84,7 +84,7 @@ pub(crate) struct Core {
     /// The ownership hash version this node gossips and shares ownership
     /// under ([`crate::ownership::OWNERSHIP_HASH_VERSION`]).
     pub(crate) ownership_hash: u32,
-    pub(crate) registry: Registry,
+    pub(crate) worker_keys: WorkerKeys,
     pub(crate) tables: Mutex<Tables>,
     /// Names of live verified members plus self, sorted.
     pub(crate) members: ArcSwap<Vec<Arc<str>>>,
@@ -149,7 +149,7 @@ impl Core {
             me,
             cluster_id,
             ownership_hash: crate::ownership::OWNERSHIP_HASH_VERSION,
-            registry: Registry::default(),
+            worker_keys: WorkerKeys::default(),
             tables: Mutex::new(Tables::default()),
             members: ArcSwap::from_pointee(members),
             telemetry: Telemetry::default(),
@@ -221,13 +221,13 @@ impl Core {
     }
 
     fn publish_key(&self, tables: &Tables, key: &str, pollers_moved: bool) {
-        if let Some(entry) = self.registry.get_or_create(key, true) {
+        if let Some(entry) = self.worker_keys.get_or_create(key, true) {
             self.publish_view(tables, &entry, pollers_moved);
         }
     }
 
     pub(crate) fn publish_all(&self, tables: &Tables) {
-        for entry in self.registry.list().iter() {
+        for entry in self.worker_keys.list().iter() {
             self.publish_view(tables, entry, true);
         }
     }
@@ -313,9 +313,11 @@ impl Core {
             self.publish_all(tables);
         }
         let (min_gap, max_rate) = self.push_pacing;
-        self.registry
-            .bell()
-            .set_gap(crate::bell::push_gap(min_gap, tables.links.len(), max_rate));
+        self.worker_keys.bell().set_gap(crate::bell::push_gap(
+            min_gap,
+            tables.links.len(),
+            max_rate,
+        ));
         self.telemetry
             .membership(tables.counted.len() + 1, tables.links.len(), foreign);
     }
@@ -339,7 +341,7 @@ impl Core {
                 self.telemetry.dropped("bad_key");
                 continue;
             }
-            match self.registry.get_or_create(&def.key, true) {
+            match self.worker_keys.get_or_create(&def.key, true) {
                 Some(entry) => {
                     dict.insert(def.id, entry.key.clone());
                     polls.push((entry.key.clone(), def.polled));
@@ -421,7 +423,7 @@ impl Core {
     /// A peer's snapshot of `key` polled at `polled_at` is now the freshest:
     /// this node counts its own work from what it had dispatched then.
     fn rebase_to_peer_snapshot(&self, key: &str, polled_at: u64) {
-        let Some(entry) = self.registry.get(key) else {
+        let Some(entry) = self.worker_keys.get(key) else {
             return;
         };
         // A poll time behind this clock by more than the history reaches

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::core::{Core, Tables};
 use crate::identity::{Incarnation, unix_millis};
-use crate::registry::unused;
 use crate::slot::WorkerEntry;
+use crate::worker_keys::unused;
 
 /// How often forgotten things are swept.
 pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -41,7 +41,7 @@ pub(crate) async fn run(core: Arc<Core>, sample_every: Duration) {
 /// Records each worker's own dispatched counter (only when it changed).
 pub(crate) fn sample_histories(core: &Core) {
     let now_ms = unix_millis();
-    for entry in core.registry.list().iter() {
+    for entry in core.worker_keys.list().iter() {
         let dispatched = entry.own.dispatched.load(Ordering::Relaxed);
         entry.history().sample(now_ms, dispatched, core.history);
     }
@@ -53,7 +53,7 @@ pub(crate) fn sweep(core: &Core) {
     let mut tables = core.tables();
     core.refresh_membership(&mut tables);
     let expired = tables.state.expire_idle(now, core.forget_after);
-    let entries = core.registry.list();
+    let entries = core.worker_keys.list();
     let mut candidates: Vec<Arc<str>> = Vec::new();
     let mut live_idle: HashSet<Arc<str>> = HashSet::new();
     for entry in entries.iter() {
@@ -67,19 +67,19 @@ pub(crate) fn sweep(core: &Core) {
     }
     tables.idle_keys.retain(|key, _| live_idle.contains(key));
     drop(entries);
-    let removed = core.registry.remove_if_unused(&candidates);
+    let removed = core.worker_keys.remove_if_unused(&candidates);
     for key in &removed {
         tables.state.remove_snapshot(key);
         tables.own_polled_at.remove(key);
         tables.idle_keys.remove(key);
     }
     for key in expired {
-        if let Some(entry) = core.registry.get(&key) {
+        if let Some(entry) = core.worker_keys.get(&key) {
             core.publish_view(&tables, &entry, true);
         }
     }
     let worst = core
-        .registry
+        .worker_keys
         .list()
         .iter()
         .map(|entry| stale_basis_tokens(&tables, &core.me, entry))

@@ -32,7 +32,6 @@ mod objects;
 mod outbox;
 pub mod ownership;
 mod push;
-mod registry;
 mod session;
 mod sightings;
 mod slot;
@@ -47,6 +46,7 @@ pub mod tls;
 mod totals;
 mod wire;
 mod worker_frames;
+mod worker_keys;
 pub mod worker_set;
 
 pub use config::{

@@ -280,7 +280,7 @@ impl Mesh {
             connect_timeout: config.link_idle_timeout,
         };
         crate::bell::start_announcer(
-            core.registry.bell().clone(),
+            core.worker_keys.bell().clone(),
             Arc::downgrade(&core.changes),
             config.push_min_gap,
         )
@@ -347,7 +347,7 @@ impl Mesh {
     /// booking and reading through it never lock. Call
     /// [`WorkerSlot::set_polled`] if this replica polls the worker.
     pub fn worker(&self, key: &str) -> WorkerSlot {
-        match self.core.registry.get_or_create(key, false) {
+        match self.core.worker_keys.get_or_create(key, false) {
             Some(entry) => WorkerSlot { entry },
             // Only past 2^32 keys: such a worker still works locally.
             None => WorkerSlot::detached(key),
@@ -382,7 +382,7 @@ impl Mesh {
     /// sees for the first time with every peer (fleet-wide affinity
     /// evidence; see `sightings`).
     pub fn sighting_sender(&self) -> SightingSender {
-        SightingSender::new(&self.core.sightings, self.core.registry.bell())
+        SightingSender::new(&self.core.sightings, self.core.worker_keys.bell())
     }
 
     /// Sets where the keys peers saw are delivered; false if one was set
@@ -394,7 +394,7 @@ impl Mesh {
     /// The handle through which the router tells every peer where an
     /// object created through it lives (see `objects`).
     pub fn object_sender(&self) -> ObjectSender {
-        ObjectSender::new(&self.core.objects, self.core.registry.bell())
+        ObjectSender::new(&self.core.objects, self.core.worker_keys.bell())
     }
 
     /// Sets where the (object id, worker) pairs peers learned are
@@ -407,7 +407,7 @@ impl Mesh {
     /// that poll it: the counted peers that say they do, and this node if
     /// it does. `None` when nobody polls it.
     fn poll_owner(&self, worker: &str) -> Option<Arc<str>> {
-        let entry = self.core.registry.get(worker)?;
+        let entry = self.core.worker_keys.get(worker)?;
         let pollers = entry.pollers(&self.core.me.name);
         crate::ownership::owner(&pollers, worker).cloned()
     }

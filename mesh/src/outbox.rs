@@ -308,7 +308,7 @@ impl Outbox {
     pub(crate) fn transcript_copy(&self, core: &Core) -> Result<TranscriptCopy, FrameError> {
         let transcript = self.lock();
         let mut batch = Batch::default();
-        for entry in core.registry.list().iter() {
+        for entry in core.worker_keys.list().iter() {
             if let Some(told) = transcript.told(entry) {
                 batch.all_of(entry, &told);
             }
@@ -330,7 +330,7 @@ impl Outbox {
     /// changes stay flagged for the next one.
     pub(crate) fn round(&self, core: &Core) -> Result<(), FrameError> {
         let mut transcript = self.lock();
-        let entries = core.registry.list();
+        let entries = core.worker_keys.list();
         let refresh_before = transcript.refresh_state();
         let (refresh_start, refresh_count) =
             transcript.refresh_slice(Instant::now(), entries.len(), self.refresh_every);

@@ -140,7 +140,7 @@ pub(crate) async fn rounds(core: Arc<Core>, sync: Duration) {
     loop {
         // The heartbeat is due one interval after the last round, and never
         // sooner than the push gap (or it would undo the gap's pacing).
-        let heartbeat = sync.max(core.registry.bell().gap());
+        let heartbeat = sync.max(core.worker_keys.bell().gap());
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {

@@ -144,7 +144,7 @@ pub struct WorkerStatus {
 /// How much a node keeps; every number follows the live fleet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Footprint {
-    /// Worker keys in the registry.
+    /// Worker keys this node holds.
     pub worker_keys: usize,
     /// Wire ids handed out (ids are reused, so this tracks the peak).
     pub wire_ids: u32,
@@ -169,7 +169,7 @@ fn ms(d: std::time::Duration) -> u64 {
 }
 
 fn footprint_of(core: &Core, tables: &Tables) -> Footprint {
-    let (worker_keys, wire_ids) = core.registry.sizes();
+    let (worker_keys, wire_ids) = core.worker_keys.sizes();
     Footprint {
         worker_keys,
         wire_ids,
@@ -244,7 +244,7 @@ fn worker_status(
 }
 
 pub(crate) fn build(core: &Core, gossip_addr: String, quic_addr: String) -> MeshStatus {
-    let entries = core.registry.list();
+    let entries = core.worker_keys.list();
     let tables = core.tables();
     let known: BTreeSet<&Incarnation> = tables.gossip.keys().chain(tables.links.keys()).collect();
     let members = known

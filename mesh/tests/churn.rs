@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Churn: what a long-lived node keeps follows the live fleet, not its
 //! history. Workers and replica incarnations come and go; afterwards every
-//! map of the mesh (registry, CRDT state, gossip, links, departed and dead
+//! map of the mesh (worker keys, CRDT state, gossip, links, departed and dead
 //! incarnations, idle keys) and the work each sync does are back at their
 //! baseline. Run with `--nocapture` to see the figures.
 

@@ -24,7 +24,7 @@ use crate::sources::{WorkerSources, kubernetes};
 use crate::supervise::supervised;
 use crate::workers::Registry;
 use crate::workers::health;
-use crate::{link, load, policy, proxy, reload, telemetry, upstream};
+use crate::{engine_h1, load, policy, proxy, reload, telemetry, upstream};
 
 /// Why a replica could not start.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,7 @@ impl Server {
         let auth = config.security.auth().map_err(StartError::Security)?;
         let auth = Arc::new(ArcSwap::from_pointee(auth));
         let forwarder = proxy::Forwarder {
-            connector: link::Connector {
+            connector: engine_h1::Connector {
                 timeout: connect_timeout,
                 tls: tls.clone(),
             },

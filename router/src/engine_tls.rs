@@ -1,5 +1,5 @@
 //! How `https://` engines are trusted: one rustls client configuration on
-//! the ring provider (the only one linked), shared by the proxy's link and
+//! the ring provider (the only one linked), shared by the proxy's engine client and
 //! the side client (health checks, load polls, model lists).
 //!
 //! Roots: the CA file given (`--worker-tls-ca`), else the system's store;

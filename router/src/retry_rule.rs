@@ -1,5 +1,5 @@
 //! When a failed attempt may be sent again: the one rule the proxy's
-//! retries and the link's stale-connection resend both follow.
+//! retries and the engine client's stale-connection resend both follow.
 //!
 //! Why a rule per method: a request is sent again only where the engine
 //! provably did not start the work, or where starting it twice does no

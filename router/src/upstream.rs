@@ -1,7 +1,7 @@
 //! The HTTP client the router uses to talk to engines, and a bounded GET for
 //! the side channels (health checks, load polls, model lists).
 //!
-//! The proxied requests themselves go through `link`, the proxy's own
+//! The proxied requests themselves go through `engine_h1`, the proxy's own
 //! HTTP/1.1 client; this general pooled client serves the side channels.
 
 use std::sync::Arc;

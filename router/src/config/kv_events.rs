@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::{defaults, parsers};
 
-/// Help heading of the `precise_prefix` knobs; the policy registry names it.
+/// Help heading of the `precise_prefix` knobs; the policy catalog names it.
 pub const PRECISE_PREFIX_FLAGS: &str = "Policy precise_prefix";
 
 /// The `precise_prefix` knobs (see the policy's and `kv_events`' docs).

@@ -6,7 +6,7 @@
 //! is one vocabulary for all three sources.
 //!
 //! The flags come in groups (`#[command(flatten)]`), and each group is the
-//! typed configuration its consumer is built from: the policy registry takes
+//! typed configuration its consumer is built from: the policy catalog takes
 //! [`RoutingConfig`], the proxy [`ProxyConfig`] and [`RetryConfig`], every
 //! worker's breaker
 //! [`BreakerConfig`], the health checker [`HealthConfig`], the load monitor

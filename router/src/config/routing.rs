@@ -3,7 +3,7 @@
 //! Every policy with knobs has one flag group here, flattened into
 //! [`RoutingConfig`] under its own help heading. The group is the very value
 //! the policy is built with, so a knob goes from flag to policy without any
-//! copying code in between. The policy registry (in the policy module) names
+//! copying code in between. The policy catalog (in the policy module) names
 //! each policy's group by its heading constant.
 
 use std::time::Duration;
@@ -14,17 +14,17 @@ use super::{defaults, parsers};
 
 /// Help heading of `--policy` itself.
 pub const ROUTING_FLAGS: &str = "Routing";
-/// Help heading of the `cache_aware` knobs; the policy registry names it.
+/// Help heading of the `cache_aware` knobs; the policy catalog names it.
 pub const CACHE_AWARE_FLAGS: &str = "Policy cache_aware";
-/// Help heading of the `least_load` knobs; the policy registry names it.
+/// Help heading of the `least_load` knobs; the policy catalog names it.
 pub const LEAST_LOAD_FLAGS: &str = "Policy least_load";
-/// Help heading of the `load_aware` knobs; the policy registry names it.
+/// Help heading of the `load_aware` knobs; the policy catalog names it.
 pub const LOAD_AWARE_FLAGS: &str = "Policy load_aware";
-/// Help heading of the `prefix_affinity` knobs; the policy registry names it.
+/// Help heading of the `prefix_affinity` knobs; the policy catalog names it.
 pub const PREFIX_AFFINITY_FLAGS: &str = "Policy prefix_affinity";
 
 /// Which routing policy a replica runs. The router builds the policy from
-/// this once at start-up (through the policy registry) and never matches on
+/// this once at start-up (through the policy catalog) and never matches on
 /// it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -69,7 +69,7 @@ impl PolicyKind {
     }
 }
 
-/// `--policy` and every policy's knobs: what the policy registry needs to
+/// `--policy` and every policy's knobs: what the policy catalog needs to
 /// build whichever policy was chosen.
 #[derive(Debug, Clone, PartialEq, Args)]
 #[command(next_help_heading = ROUTING_FLAGS)]

@@ -19,7 +19,7 @@ use crate::auth::Forward;
 use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
-use crate::{link, otel};
+use crate::{engine_h1, otel};
 
 /// Counts a request refused by overload admission and returns its answer.
 fn refused(record: RequestRecord, reason: &'static str, response: Response) -> Response {
@@ -103,9 +103,9 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     let traceparent = record.span().and_then(otel::traceparent);
     let auth = app.auth.load();
     let authorization = match auth.forward() {
-        Forward::Client => link::Authorization::Forward,
-        Forward::Drop => link::Authorization::Drop,
-        Forward::Worker(key) => link::Authorization::Set(key),
+        Forward::Client => engine_h1::Authorization::Forward,
+        Forward::Drop => engine_h1::Authorization::Drop,
+        Forward::Worker(key) => engine_h1::Authorization::Set(key),
     };
     let plan = objects::plan(
         route,

@@ -41,8 +41,8 @@
 //!    `config/defaults.rs`, bad values rejected by a `config/parsers.rs`
 //!    parser), with its own help-heading constant, flattened into
 //!    `RoutingConfig`, and both re-exported from `config/mod.rs`.
-//! 5. Add its row to [`registration`]: the compiler rejects a `PolicyKind`
-//!    without one, and the registry tests check the row's name and flag
+//! 5. Add its row to [`catalog_entry`]: the compiler rejects a `PolicyKind`
+//!    without one, and the catalog tests check the row's name and flag
 //!    heading.
 //! 6. Describe it in the policies page of the docs and regenerate the flag
 //!    reference (`SHOAL_UPDATE_README=1 cargo test -p shoal --test readme`).
@@ -61,7 +61,7 @@ mod round_robin;
 mod sightings;
 mod signals;
 
-mod registry;
+mod catalog;
 
 #[cfg(test)]
 mod invariance;
@@ -78,6 +78,7 @@ use crate::request::RequestInfo;
 use crate::workers::Worker;
 
 pub use cache_aware::CacheAwarePolicy;
+pub use catalog::{CatalogEntry, build, catalog_entry};
 pub use least_load::LeastLoadPolicy;
 pub use load_aware::{LoadAwarePolicy, queue_score};
 pub use power_of_two::PowerOfTwoPolicy;
@@ -85,7 +86,6 @@ pub use precise_prefix::PrecisePrefixPolicy;
 pub use prefix_affinity::PrefixAffinityPolicy;
 pub use prefix_tree::TreeUpkeep;
 pub use random::RandomPolicy;
-pub use registry::{Registration, build, registration};
 pub use round_robin::RoundRobinPolicy;
 pub use sightings::{ShareSighting, Sightings};
 

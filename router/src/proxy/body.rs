@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::link::LinkBody;
+use crate::engine_h1::EngineBody;
 use crate::telemetry::RequestRecord;
 use crate::workers::SlotBooking;
 use crate::workers::Worker;
@@ -24,7 +24,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A worker's response body that accounts for the request it belongs to.
 pub struct TrackedBody {
-    inner: LinkBody,
+    inner: EngineBody,
     booking: Option<SlotBooking>,
     worker: Arc<Worker>,
     /// End of the request's time budget.
@@ -39,7 +39,7 @@ impl TrackedBody {
     /// Wraps `inner`; `deadline` is the end of the request's time budget,
     /// `record` the request's accounting with the worker's status set.
     pub fn new(
-        inner: LinkBody,
+        inner: EngineBody,
         booking: SlotBooking,
         worker: Arc<Worker>,
         deadline: tokio::time::Instant,

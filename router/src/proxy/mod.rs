@@ -37,9 +37,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Method};
 
 use crate::config::RetryConfig;
+use crate::engine_h1::{self, EngineBody};
 use crate::error::ApiError;
 use crate::fleet::FleetView;
-use crate::link::{self, LinkBody};
 use crate::objects::{self, LearnId};
 use crate::policy::Policy;
 use crate::request::RequestInfo;
@@ -75,8 +75,8 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
 #[derive(Debug)]
 pub struct Forwarder {
     /// How connections to workers are opened (deadline, TLS); they are
-    /// pooled per thread by [`link`].
-    pub connector: link::Connector,
+    /// pooled per thread by [`engine_h1`].
+    pub connector: engine_h1::Connector,
     /// Backoff between attempts.
     pub retry: RetryConfig,
     /// Retries allowed after the first attempt (0 when retries are off).
@@ -116,7 +116,7 @@ pub struct Outgoing<'a> {
     /// The client's headers (hop-by-hop ones are dropped when sent).
     pub headers: &'a HeaderMap,
     /// What `Authorization` the engine gets.
-    pub authorization: link::Authorization<'a>,
+    pub authorization: engine_h1::Authorization<'a>,
     /// The `traceparent` the engine gets instead of the client's (tracing on).
     pub traceparent: Option<&'a http::HeaderValue>,
     /// Path and query, appended to the worker's base URL.
@@ -166,7 +166,7 @@ impl Failure {
 
 /// A worker's response headers, with the booking and worker it belongs to.
 struct Answer {
-    response: http::Response<LinkBody>,
+    response: http::Response<EngineBody>,
     booking: SlotBooking,
     worker: Arc<Worker>,
     /// Attempts made, this one included.
@@ -203,7 +203,7 @@ impl Answer {
             span.record("shoal.worker", self.worker.url());
             span.record("shoal.attempts", self.attempts as u64);
         }
-        // The link already dropped the hop-by-hop headers.
+        // The engine client already dropped the hop-by-hop headers.
         let (mut parts, body) = self.response.into_parts();
         record.set_status(parts.status.as_u16());
         if expose_worker && let Ok(url) = http::HeaderValue::from_str(self.worker.url()) {
@@ -496,7 +496,7 @@ impl Forwarder {
             false => request.info.prompt_tokens,
         };
         let booking = worker.ledger().book(prompt_tokens, token_work);
-        let outgoing = link::Request {
+        let outgoing = engine_h1::Request {
             method: request.method,
             path_and_query: request.path_and_query,
             headers: request.headers,
@@ -511,7 +511,7 @@ impl Forwarder {
             .filter(|at| *at < deadline);
         let sent = tokio::time::timeout_at(
             attempt_deadline.unwrap_or(deadline),
-            link::send(worker.url(), outgoing, &self.connector),
+            engine_h1::send(worker.url(), outgoing, &self.connector),
         )
         .await;
         match sent {

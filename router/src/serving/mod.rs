@@ -7,7 +7,7 @@
 //! of the proxy against a fast backend showed half of its CPU in the kernel
 //! doing exactly that. Here each I/O thread is a single-threaded runtime
 //! that keeps every connection handed to it, and it talks to workers over
-//! connections pooled per thread (`link`): one request is read, routed,
+//! connections pooled per thread (`engine_h1`): one request is read, routed,
 //! forwarded and answered on one thread, as nginx's workers do.
 //! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
 //! every thread; only socket work is per thread. Background work (health

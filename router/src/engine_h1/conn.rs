@@ -11,7 +11,7 @@
 //!
 //! Why the check matters: a reused connection that turns out closed after
 //! the request was written is sent again on a fresh one only for
-//! idempotent methods (`link::send`, `retry_rule`); a `POST` fails
+//! idempotent methods (`engine_h1::send`, `retry_rule`); a `POST` fails
 //! instead, since the router cannot tell an engine that closed an idle
 //! connection from one that read the request and died. Engines close idle
 //! connections after their keep-alive timeout (uvicorn's, under vLLM and

@@ -1,4 +1,4 @@
-//! The HTTP/1.1 message heads the link writes and reads: the request head
+//! The HTTP/1.1 message heads the engine client writes and reads: the request head
 //! sent to an engine, the response head parsed from it (with `httparse`,
 //! the parser hyper itself uses), and how the response body is framed.
 //!

@@ -1,4 +1,4 @@
-//! The link against scripted engines on real loopback sockets.
+//! The engine client against scripted engines on real loopback sockets.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -93,7 +93,7 @@ fn ok(body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-async fn post(base: &str, body: &'static str) -> Result<Response<LinkBody>, LinkError> {
+async fn post(base: &str, body: &'static str) -> Result<Response<EngineBody>, EngineError> {
     post_with(base, body, &HeaderMap::new()).await
 }
 
@@ -101,7 +101,7 @@ async fn post_with(
     base: &str,
     body: &'static str,
     headers: &HeaderMap,
-) -> Result<Response<LinkBody>, LinkError> {
+) -> Result<Response<EngineBody>, EngineError> {
     send_as(&Method::POST, base, body, headers).await
 }
 
@@ -110,7 +110,7 @@ async fn send_as(
     base: &str,
     body: &'static str,
     headers: &HeaderMap,
-) -> Result<Response<LinkBody>, LinkError> {
+) -> Result<Response<EngineBody>, EngineError> {
     let body = Bytes::from_static(body.as_bytes());
     let request = Request {
         method,
@@ -123,7 +123,7 @@ async fn send_as(
     send(base, request, &connector()).await
 }
 
-async fn text(response: Response<LinkBody>) -> String {
+async fn text(response: Response<EngineBody>) -> String {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
@@ -234,7 +234,7 @@ async fn a_post_on_a_reused_connection_closed_after_the_write_is_not_sent_again(
     assert_eq!(text(post(&url, "{}").await.unwrap()).await, "fresh");
     assert_eq!(idle_count(authority(&url)), 1);
     let err = post(&url, "{}").await.unwrap_err();
-    assert!(matches!(err, LinkError::ClosedBeforeAnswer), "{err}");
+    assert!(matches!(err, EngineError::ClosedBeforeAnswer), "{err}");
     assert_eq!(err.progress(), Progress::DeliveredNoAnswer);
     assert_eq!(accepted.load(Ordering::SeqCst), 1, "no second connection");
     assert!(requests.recv().await.is_some());
@@ -354,9 +354,9 @@ async fn a_refused_connect_and_a_bad_url_are_errors() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let error = post(&url, "{}").await.unwrap_err();
-    assert!(matches!(error, LinkError::Connect(_)), "{error}");
+    assert!(matches!(error, EngineError::Connect(_)), "{error}");
     let error = post("ftp://engine:8000", "{}").await.unwrap_err();
-    assert!(matches!(error, LinkError::Url(_)), "{error}");
+    assert!(matches!(error, EngineError::Url(_)), "{error}");
 }
 
 #[test]

@@ -29,17 +29,17 @@ struct Keys {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Registry {
+pub(crate) struct WorkerKeys {
     keys: RwLock<Keys>,
     list: ArcSwap<Vec<Arc<WorkerEntry>>>,
     /// Every entry of this node rings it on a change its links push.
     bell: Arc<ChangeBell>,
 }
 
-/// References to an entry the registry itself holds (map and list).
+/// References to an entry the key table itself holds (map and list).
 const REGISTRY_REFS: usize = 2;
 
-/// True when nothing on this node needs `entry`: only the registry holds
+/// True when nothing on this node needs `entry`: only the key table holds
 /// it (no router handle, no booking), nothing is in flight, and it is not
 /// polled here.
 pub(crate) fn unused(entry: &Arc<WorkerEntry>) -> bool {
@@ -48,7 +48,7 @@ pub(crate) fn unused(entry: &Arc<WorkerEntry>) -> bool {
         && !entry.polled.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-impl Registry {
+impl WorkerKeys {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Keys> {
         self.keys.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -99,9 +99,9 @@ impl Registry {
     }
 
     /// Removes those of `candidates` that are still unused — only the
-    /// registry holds them, nothing is in flight or polled — and frees
+    /// key table holds them, nothing is in flight or polled — and frees
     /// their ids. Checked under the write lock, so a router taking a handle
-    /// at the same moment ([`Registry::get`] clones under the read lock)
+    /// at the same moment ([`WorkerKeys::get`] clones under the read lock)
     /// either keeps the entry alive or gets a new one. Returns the removed.
     pub(crate) fn remove_if_unused(&self, candidates: &[Arc<str>]) -> Vec<Arc<str>> {
         if candidates.is_empty() {
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn removed_ids_are_reused_under_a_new_serial() {
-        let r = Registry::default();
+        let r = WorkerKeys::default();
         let a = r.get_or_create("http://a", false).unwrap();
         let b = r.get_or_create("http://b", false).unwrap();
         assert_eq!((a.id, b.id), (0, 1));

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::LinkError;
+use super::EngineError;
 use super::chunked::{ChunkedDecoder, Step};
 use super::conn::{self, Conn};
 use super::head::Framing;
@@ -32,7 +32,7 @@ enum Remaining {
 
 /// The body of one engine response.
 #[derive(Debug)]
-pub struct LinkBody {
+pub struct EngineBody {
     /// The connection, until the body ended or failed.
     conn: Option<Conn>,
     remaining: Remaining,
@@ -40,7 +40,7 @@ pub struct LinkBody {
     keep_alive: bool,
 }
 
-impl LinkBody {
+impl EngineBody {
     /// The body that follows a response head on `conn` (the head already
     /// consumed from its buffer).
     pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool) -> Self {
@@ -80,7 +80,7 @@ impl LinkBody {
 
     /// The next frame's bytes from the buffer alone: `Ok(None)` when more
     /// must be read first.
-    fn next_buffered(&mut self) -> Result<Option<Option<Bytes>>, LinkError> {
+    fn next_buffered(&mut self) -> Result<Option<Option<Bytes>>, EngineError> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(Some(None));
         };
@@ -100,7 +100,7 @@ impl LinkBody {
                 Ok(Step::Data(data)) => Ok(Some(Some(data))),
                 Ok(Step::End) => Ok(Some(None)),
                 Ok(Step::NeedMore) => Ok(None),
-                Err(err) => Err(LinkError::Chunked(err)),
+                Err(err) => Err(EngineError::Chunked(err)),
             },
             Remaining::UntilClose => {
                 if conn.buf.is_empty() {
@@ -113,14 +113,14 @@ impl LinkBody {
     }
 }
 
-impl Body for LinkBody {
+impl Body for EngineBody {
     type Data = Bytes;
-    type Error = LinkError;
+    type Error = EngineError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, LinkError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, EngineError>>> {
         let this = self.get_mut();
         loop {
             match this.next_buffered() {
@@ -146,7 +146,7 @@ impl Body for LinkBody {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(err)) => {
                     this.conn = None;
-                    return Poll::Ready(Some(Err(LinkError::Read(err))));
+                    return Poll::Ready(Some(Err(EngineError::Read(err))));
                 }
                 Poll::Ready(Ok(0)) => {
                     this.conn = None;
@@ -154,7 +154,7 @@ impl Body for LinkBody {
                         this.remaining = Remaining::Length(0);
                         return Poll::Ready(None);
                     }
-                    return Poll::Ready(Some(Err(LinkError::Truncated)));
+                    return Poll::Ready(Some(Err(EngineError::Truncated)));
                 }
                 Poll::Ready(Ok(_)) => {}
             }

@@ -1,4 +1,4 @@
-//! The policy registry: the one place that turns `--policy <name>` into a
+//! The policy catalog: the one place that turns `--policy <name>` into a
 //! running policy. Each row pairs a [`PolicyKind`] with its constructor and
 //! names the help heading of the flag group it reads, so a policy is added
 //! by adding a row (see the checklist in the module docs of `policy`).
@@ -14,9 +14,9 @@ use crate::config::{
     PREFIX_AFFINITY_FLAGS, PolicyKind, RoutingConfig,
 };
 
-/// One row of the registry: how one `--policy` value becomes a policy.
+/// One row of the catalog: how one `--policy` value becomes a policy.
 #[derive(Debug, Clone, Copy)]
-pub struct Registration {
+pub struct CatalogEntry {
     /// Help heading of the policy's own flag group in `--help` and
     /// docs/configuration.md (`None`: the policy has no knobs). Tests check it exists.
     pub flags: Option<&'static str>,
@@ -26,31 +26,31 @@ pub struct Registration {
     pub build: fn(&RoutingConfig) -> Arc<dyn Policy>,
 }
 
-/// The registry's row for `kind`. A `match` rather than a slice, so a new
+/// The catalog's row for `kind`. A `match` rather than a slice, so a new
 /// [`PolicyKind`] variant without a row does not compile.
-pub fn registration(kind: PolicyKind) -> Registration {
+pub fn catalog_entry(kind: PolicyKind) -> CatalogEntry {
     match kind {
-        PolicyKind::RoundRobin => Registration {
+        PolicyKind::RoundRobin => CatalogEntry {
             flags: None,
             build: |_| Arc::new(RoundRobinPolicy::default()),
         },
-        PolicyKind::Random => Registration {
+        PolicyKind::Random => CatalogEntry {
             flags: None,
             build: |_| Arc::new(RandomPolicy),
         },
-        PolicyKind::PowerOfTwo => Registration {
+        PolicyKind::PowerOfTwo => CatalogEntry {
             flags: None,
             build: |_| Arc::new(PowerOfTwoPolicy),
         },
-        PolicyKind::LeastLoad => Registration {
+        PolicyKind::LeastLoad => CatalogEntry {
             flags: Some(LEAST_LOAD_FLAGS),
             build: |routing| Arc::new(LeastLoadPolicy::new(routing.least_load)),
         },
-        PolicyKind::CacheAware => Registration {
+        PolicyKind::CacheAware => CatalogEntry {
             flags: Some(CACHE_AWARE_FLAGS),
             build: |routing| Arc::new(CacheAwarePolicy::new(routing.cache_aware)),
         },
-        PolicyKind::LoadAware => Registration {
+        PolicyKind::LoadAware => CatalogEntry {
             flags: Some(LOAD_AWARE_FLAGS),
             build: |routing| {
                 Arc::new(LoadAwarePolicy::new(
@@ -58,7 +58,7 @@ pub fn registration(kind: PolicyKind) -> Registration {
                 ))
             },
         },
-        PolicyKind::PrefixAffinity => Registration {
+        PolicyKind::PrefixAffinity => CatalogEntry {
             flags: Some(PREFIX_AFFINITY_FLAGS),
             build: |routing| {
                 Arc::new(PrefixAffinityPolicy::new(
@@ -67,7 +67,7 @@ pub fn registration(kind: PolicyKind) -> Registration {
                 ))
             },
         },
-        PolicyKind::PrecisePrefix => Registration {
+        PolicyKind::PrecisePrefix => CatalogEntry {
             flags: Some(PRECISE_PREFIX_FLAGS),
             build: |routing| {
                 Arc::new(PrecisePrefixPolicy::new(
@@ -82,7 +82,7 @@ pub fn registration(kind: PolicyKind) -> Registration {
 
 /// Builds the policy `--policy` names, with its knobs.
 pub fn build(routing: &RoutingConfig) -> Arc<dyn Policy> {
-    (registration(routing.policy).build)(routing)
+    (catalog_entry(routing.policy).build)(routing)
 }
 
 #[cfg(test)]
@@ -118,7 +118,7 @@ mod tests {
             .collect();
         let registered: Vec<&str> = PolicyKind::value_variants()
             .iter()
-            .filter_map(|kind| registration(*kind).flags)
+            .filter_map(|kind| catalog_entry(*kind).flags)
             .collect();
         assert_eq!(
             registered.iter().copied().collect::<BTreeSet<_>>(),

@@ -9,7 +9,7 @@
 //! of request, so this does only that, inline on the task that serves the
 //! client: the request head and body go out in one vectored write, the
 //! response head is parsed with `httparse` (hyper's own parser) and the
-//! body ([`LinkBody`]) is sliced out of the read buffer frame by frame,
+//! body ([`EngineBody`]) is sliced out of the read buffer frame by frame,
 //! zero-copy. Connections are pooled per thread (`conn`). Health checks,
 //! load polls and model lists keep using `upstream`'s general client.
 //!
@@ -32,7 +32,7 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderValue, Method, Response};
 use rustls::pki_types::ServerName;
 
-pub use body::LinkBody;
+pub use body::EngineBody;
 #[cfg(test)]
 use conn::idle_count;
 
@@ -43,7 +43,7 @@ use crate::retry_rule::{self, Progress, Verdict};
 
 /// Why an exchange with an engine failed.
 #[derive(Debug, thiserror::Error)]
-pub enum LinkError {
+pub enum EngineError {
     /// The worker URL is not `http[s]://host[:port][/prefix]`.
     #[error("bad worker URL `{0}`")]
     Url(String),
@@ -75,21 +75,21 @@ pub enum LinkError {
     Truncated,
 }
 
-impl LinkError {
+impl EngineError {
     /// How far the exchange got when it failed: what the retry rule
     /// ([`retry_rule::verdict`]) decides a resend by.
     pub fn progress(&self) -> Progress {
         match self {
-            LinkError::Url(_) | LinkError::Connect(_) | LinkError::Write(_) => {
+            EngineError::Url(_) | EngineError::Connect(_) | EngineError::Write(_) => {
                 Progress::NotDelivered
             }
-            LinkError::ClosedBeforeAnswer | LinkError::LostBeforeAnswer(_) => {
+            EngineError::ClosedBeforeAnswer | EngineError::LostBeforeAnswer(_) => {
                 Progress::DeliveredNoAnswer
             }
-            LinkError::Read(_)
-            | LinkError::Head(_)
-            | LinkError::Chunked(_)
-            | LinkError::Truncated => Progress::BrokenAnswer,
+            EngineError::Read(_)
+            | EngineError::Head(_)
+            | EngineError::Chunked(_)
+            | EngineError::Truncated => Progress::BrokenAnswer,
         }
     }
 }
@@ -124,7 +124,7 @@ pub enum Authorization<'a> {
     Set(&'a HeaderValue),
 }
 
-/// How the link opens connections: the connect deadline (TLS handshake
+/// How the engine client opens connections: the connect deadline (TLS handshake
 /// included) and the TLS client configuration for `https://` engines.
 #[derive(Debug, Clone)]
 pub struct Connector {
@@ -146,15 +146,15 @@ struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    fn parse(base: &'a str) -> Result<Self, LinkError> {
+    fn parse(base: &'a str) -> Result<Self, EngineError> {
         let (rest, tls) = match (base.strip_prefix("http://"), base.strip_prefix("https://")) {
             (Some(rest), _) => (rest, false),
             (_, Some(rest)) => (rest, true),
-            _ => return Err(LinkError::Url(base.to_string())),
+            _ => return Err(EngineError::Url(base.to_string())),
         };
         let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if host.is_empty() {
-            return Err(LinkError::Url(base.to_string()));
+            return Err(EngineError::Url(base.to_string()));
         }
         Ok(Self { host, prefix, tls })
     }
@@ -176,12 +176,12 @@ impl<'a> Target<'a> {
 
     /// The name the engine's certificate must carry: the host without its
     /// port or IPv6 brackets.
-    fn server_name(&self) -> Result<ServerName<'static>, LinkError> {
+    fn server_name(&self) -> Result<ServerName<'static>, EngineError> {
         let host = match self.host.rfind(']') {
             Some(end) => &self.host[1..end],
             None => self.host.split(':').next().unwrap_or(self.host),
         };
-        ServerName::try_from(host.to_string()).map_err(|_| LinkError::Url(self.host.to_string()))
+        ServerName::try_from(host.to_string()).map_err(|_| EngineError::Url(self.host.to_string()))
     }
 }
 
@@ -202,7 +202,7 @@ pub async fn send(
     base: &str,
     request: Request<'_>,
     connector: &Connector,
-) -> Result<Response<LinkBody>, LinkError> {
+) -> Result<Response<EngineBody>, EngineError> {
     let target = Target::parse(base)?;
     let mut head = Vec::with_capacity(256 + request.headers.len() * 64);
     head::encode_request(
@@ -235,7 +235,7 @@ pub async fn send(
 
 /// Whether `err` is how a reused connection the engine had closed fails:
 /// nothing of an answer came back.
-fn is_stale(err: &LinkError) -> bool {
+fn is_stale(err: &EngineError) -> bool {
     matches!(
         err.progress(),
         Progress::NotDelivered | Progress::DeliveredNoAnswer
@@ -244,7 +244,7 @@ fn is_stale(err: &LinkError) -> bool {
 
 /// Whether the retry rule lets a request of `method` that failed with
 /// `err` go once more.
-fn may_resend(method: &Method, err: &LinkError) -> bool {
+fn may_resend(method: &Method, err: &EngineError) -> bool {
     retry_rule::verdict(method, err.progress()) == Verdict::Retry
 }
 
@@ -253,10 +253,10 @@ async fn exchange(
     mut conn: Conn,
     head: &[u8],
     request: Request<'_>,
-) -> Result<Response<LinkBody>, LinkError> {
+) -> Result<Response<EngineBody>, EngineError> {
     conn.buf.clear();
     if let Err(err) = conn.write_request(head, request.body).await {
-        return Err(LinkError::Write(err));
+        return Err(EngineError::Write(err));
     }
     let mut received = false;
     loop {
@@ -269,7 +269,7 @@ async fn exchange(
                     continue;
                 }
                 let mut response =
-                    Response::new(LinkBody::new(conn, parsed.framing, parsed.keep_alive));
+                    Response::new(EngineBody::new(conn, parsed.framing, parsed.keep_alive));
                 *response.status_mut() = parsed.status;
                 *response.version_mut() = parsed.version;
                 *response.headers_mut() = parsed.headers;
@@ -277,10 +277,10 @@ async fn exchange(
             }
         }
         match conn.fill().await {
-            Ok(0) if !received => return Err(LinkError::ClosedBeforeAnswer),
-            Err(err) if !received => return Err(LinkError::LostBeforeAnswer(err)),
-            Ok(0) => return Err(LinkError::Truncated),
-            Err(err) => return Err(LinkError::Read(err)),
+            Ok(0) if !received => return Err(EngineError::ClosedBeforeAnswer),
+            Err(err) if !received => return Err(EngineError::LostBeforeAnswer(err)),
+            Ok(0) => return Err(EngineError::Truncated),
+            Err(err) => return Err(EngineError::Read(err)),
             Ok(_) => {}
         }
     }
