@@ -5,4 +5,5 @@ pub mod client;
 pub mod fleet;
 pub mod kube_api;
 pub mod mock;
+pub mod wait;
 pub mod workload;

@@ -22,13 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fleet_support::{Setup, engines, run_for, start_with_spares};
+use fleet_support::{Setup, engines, run_for, start_with_spares, wait_for};
 use shoal_tests::client::HttpClient;
 use shoal_tests::fleet::MeshStatus;
 use shoal_tests::workload::{short_request, text};
 use tokio::task::JoinSet;
 
-/// Flags of every replica here (`--load-poll-interval-ms` is [`POLL_MS`]).
+/// Flags of every replica here (load polls every 300 ms).
 const ARGS: [&str; 6] = [
     "--policy",
     "least_load",
@@ -37,18 +37,13 @@ const ARGS: [&str; 6] = [
     "--load-poll-interval-ms",
     "300",
 ];
-/// The load poll interval.
-const POLL_MS: u64 = 300;
 /// Mock engines (all of them workers of every replica).
 const ENGINES: usize = 4;
 /// Each test's bound, start-up included.
 const TEST_BOUND: Duration = Duration::from_secs(60);
-/// How long the fleet stays quiet before the views are checked: several
-/// poll intervals.
-const QUIET: Duration = Duration::from_millis(2_000);
-/// How long after [`QUIET`] a view may still take to settle (a slow
-/// machine); a value stuck for good fails after it.
-const SETTLE: Duration = Duration::from_secs(8);
+/// How long a quiet fleet's views may take to settle (several poll
+/// intervals on a slow machine); a value stuck for good fails after it.
+const SETTLE: Duration = Duration::from_secs(10);
 /// One request's bound.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -241,12 +236,11 @@ async fn unsettled(
     (why, Some(st))
 }
 
-/// After [`QUIET`], waits up to [`SETTLE`] until on every replica of
+/// Waits up to [`SETTLE`] until on every replica of
 /// `live`, every worker has a snapshot and `dispatched_since_poll <= bound`;
 /// panics with the last views otherwise. Prints the settled views, or the
 /// first unsettled ones (then the last in the panic).
 async fn assert_views_settle(s: &Setup, live: &[usize], bound: u64, what: &str) {
-    tokio::time::sleep(QUIET).await;
     let urls = engine_urls(s);
     let checking = Instant::now();
     let deadline = checking + SETTLE;
@@ -263,18 +257,18 @@ async fn assert_views_settle(s: &Setup, live: &[usize], bound: u64, what: &str) 
         }
         if why.is_empty() {
             println!(
-                "{what}: views settled {:?} after {QUIET:?} of quiet (bound {bound}):\n{tables}",
+                "{what}: views settled {:?} after the traffic (bound {bound}):\n{tables}",
                 checking.elapsed()
             );
             return;
         }
         if first {
-            println!("{what}: views after {QUIET:?} of quiet (bound {bound}):\n{tables}");
+            println!("{what}: views right after the traffic (bound {bound}):\n{tables}");
             first = false;
         }
         assert!(
             Instant::now() < deadline,
-            "{what}: after {QUIET:?} of quiet plus {SETTLE:?}, dispatched_since_poll should be \
+            "{what}: {SETTLE:?} after the traffic, dispatched_since_poll should be \
              at most one request's token-work ({bound}) on every replica for every worker:\n  \
              {}\n{tables}",
             why.join("\n  ")
@@ -326,7 +320,7 @@ async fn assert_spreads(s: &Setup, via: &[usize], what: &str) {
             for (e, n) in row.iter_mut().enumerate() {
                 *n += after[e] - before[e];
             }
-            tokio::time::sleep(Duration::from_millis(3 * POLL_MS)).await;
+            wait_quiet(s, via, unix_ms()).await;
         }
     }
     let mut views = String::new();
@@ -345,6 +339,41 @@ async fn assert_spreads(s: &Setup, via: &[usize], what: &str) {
             BURST * BURSTS
         );
     }
+}
+
+/// Milliseconds since the Unix epoch (the clock snapshots are stamped in).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Waits until every replica of `via` sees, for every worker, a poll
+/// taken after `after_unix_ms` and nothing in flight or dispatched since
+/// it: every worker's `least_load` score is 0 again, the quiet fleet
+/// [`assert_spreads`] needs before a burst (as soon as it holds, instead
+/// of a fixed few poll intervals).
+async fn wait_quiet(s: &Setup, via: &[usize], after_unix_ms: u64) {
+    let urls = engine_urls(s);
+    wait_for("a quiet fleet", SETTLE, async || {
+        for &i in via {
+            let st = s.status(i).await?;
+            let quiet = urls.iter().all(|url| {
+                st.worker(url).is_some_and(|w| {
+                    w.inflight_requests == 0
+                        && w.dispatched_since_poll == 0
+                        && w.snapshot
+                            .as_ref()
+                            .is_some_and(|p| p.polled_at_unix_ms > after_unix_ms)
+                })
+            });
+            if !quiet {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
 }
 
 /// Index of the replica that polls the most workers. Ownership follows
@@ -454,7 +483,7 @@ async fn after_a_restart_dispatched_since_poll_returns_to_zero_on_every_replica(
 async fn after_a_restart_least_load_still_spreads_over_every_worker() {
     run_for(TEST_BOUND, async {
         let (s, r) = restarted_fleet().await;
-        tokio::time::sleep(QUIET).await;
+        wait_quiet(&s, &[0, 1, 2], unix_ms()).await;
         let what = format!("after {}'s restart", s.fleet.name(r));
         assert_spreads(&s, &[0, 1, 2], &what).await;
     })

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use netns_support::{Lab, forward, unsupported};
 use shoal_tests::client::HttpClient;
 use shoal_tests::fleet::{MeshStatus, locate_shoal};
+use shoal_tests::wait::wait_for;
 use shoal_tests::workload::{HeldStream, short_request, text};
 use tokio::task::JoinSet;
 
@@ -151,17 +152,6 @@ impl Setup {
 
     fn log(&self, i: usize) -> String {
         self.lab.log_tail(REPLICAS[i].0, 20)
-    }
-}
-
-async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

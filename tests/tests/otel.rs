@@ -99,8 +99,11 @@ async fn a_request_span_reaches_the_collector_and_parents_the_engine() {
         )
         .await;
         let bin = locate_shoal(None).unwrap();
+        // The batch exporter sends every 5 s by default; a tenth of a
+        // second here keeps the test from waiting on it.
         let cfg = FleetConfig::new(bin, 1, vec![engine.clone()])
             .mesh(false)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .args([
                 "--otlp-endpoint",
                 collector.as_str(),
@@ -108,6 +111,9 @@ async fn a_request_span_reaches_the_collector_and_parents_the_engine() {
                 "round_robin",
                 "--worker-load-source",
                 "none",
+                // Nothing balances load onto this replica: exit at once.
+                "--drain-settle-secs",
+                "0",
             ]);
         let mut fleet = Fleet::start(cfg).await.unwrap();
         let client = HttpClient::new();
@@ -126,7 +132,7 @@ async fn a_request_span_reaches_the_collector_and_parents_the_engine() {
             .unwrap();
         assert_eq!(resp.status().as_u16(), 200);
         let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
-        // The batch exporter sends within its schedule delay (5 s).
+        // The batch exporter sends within its schedule delay.
         let span = wait_for(
             "the span is exported",
             Duration::from_secs(15),

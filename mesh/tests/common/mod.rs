@@ -4,13 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 use shoal_mesh::{FailureDetectorSettings, Mesh, MeshConfig, PemSource, TlsConfig};
+use shoal_tests::wait::{POLL_EVERY, poll_until_blocking};
 
 pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -140,24 +141,16 @@ pub fn cluster(ca: &Ca, n: usize, tweak: impl Fn(&mut MeshConfig)) -> Vec<Node> 
     nodes
 }
 
-/// Polls `cond` every 10 ms until it holds or `within` passes.
+/// Polls `cond` every [`POLL_EVERY`] until it holds or `within` passes
+/// (the shared wait, `shoal_tests::wait`, on this crate's plain threads).
 pub fn wait_until(within: Duration, cond: impl FnMut() -> bool) -> bool {
-    wait_every(Duration::from_millis(10), within, cond)
+    poll_until_blocking(POLL_EVERY, within, cond)
 }
 
 /// Polls `cond` every `period` until it holds or `within` passes (a longer
 /// period for conditions that read a whole status).
-pub fn wait_every(period: Duration, within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(period);
-    }
+pub fn wait_every(period: Duration, within: Duration, cond: impl FnMut() -> bool) -> bool {
+    poll_until_blocking(period, within, cond)
 }
 
 /// Waits until every node counts all the others.

@@ -7,7 +7,7 @@ pub mod fake_engine;
 pub mod fake_objects;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal::app::Server;
 use shoal::config::Config;
@@ -127,22 +127,14 @@ pub fn base_args<S: AsRef<str>>(workers: &[S]) -> Vec<String> {
     args
 }
 
-/// Polls `check` until it returns true or `within` passes.
+/// Polls `check` until it returns true or `within` passes (the shared
+/// wait, `shoal_tests::wait::poll_until`).
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    shoal_tests::wait::poll_until(within, async || check().await).await
 }
 
 /// A chat request body.

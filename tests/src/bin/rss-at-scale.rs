@@ -236,7 +236,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     .chain(cli.shoal_args.iter().cloned())
     .collect();
     let log = dir.path().join("shoal.log");
-    let (child, addr) = spawn_logged(&shoal, &args, &log, stage_timeout)
+    let (child, addr) = spawn_logged(&shoal, &args, &[], &log, stage_timeout)
         .await
         .map_err(|e| e.0)?;
     let pid = child.id();

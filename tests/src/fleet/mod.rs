@@ -64,6 +64,8 @@ pub struct FleetConfig {
     /// Names of replicas to be added later with [`Fleet::add_replica`]:
     /// their certificates are made up front with the others' (one CA).
     pub spare_names: Vec<String>,
+    /// Environment variables set for every replica (on top of the test's).
+    pub envs: Vec<(String, String)>,
 }
 
 impl FleetConfig {
@@ -78,7 +80,14 @@ impl FleetConfig {
             args: Vec::new(),
             start_timeout: Duration::from_secs(30),
             spare_names: Vec::new(),
+            envs: Vec::new(),
         }
+    }
+
+    /// Sets the environment variable `key` to `value` for every replica.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
     }
 
     /// Also makes certificates for `names`, so replicas of those names can
@@ -136,6 +145,7 @@ pub struct Fleet {
     mesh: bool,
     worker_urls: Vec<String>,
     extra_args: Vec<String>,
+    envs: Vec<(String, String)>,
     /// Names with a certificate in `dir` (mesh on).
     cert_names: Vec<String>,
     replicas: Vec<Replica>,
@@ -189,6 +199,7 @@ impl Fleet {
             mesh: cfg.mesh,
             worker_urls: cfg.worker_urls,
             extra_args: cfg.args,
+            envs: cfg.envs,
             cert_names,
             replicas: Vec::with_capacity(n),
             client: HttpClient::new(),
@@ -523,7 +534,8 @@ impl Fleet {
             return Err(FleetError(format!("replica {} is running", r.name)));
         }
         let (child, _addr) =
-            process::spawn_logged(&self.bin, &r.args, &r.log, self.start_timeout).await?;
+            process::spawn_logged(&self.bin, &r.args, &self.envs, &r.log, self.start_timeout)
+                .await?;
         self.replicas[i].child = Some(child);
         Ok(())
     }

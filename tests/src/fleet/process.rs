@@ -118,6 +118,7 @@ pub fn tail(path: &Path, lines: usize) -> String {
 pub async fn spawn_logged(
     bin: &Path,
     args: &[String],
+    envs: &[(String, String)],
     log: &Path,
     timeout: Duration,
 ) -> Result<(Child, String), FleetError> {
@@ -133,6 +134,7 @@ pub async fn spawn_logged(
         .args(args)
         .env_remove("RUST_LOG")
         .env("NO_COLOR", "1")
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(err_file))

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use shoal_tests::client::{HttpClient, HttpResponse};
@@ -16,16 +16,10 @@ pub async fn start(cfg: EngineConfig) -> EngineHandle {
         .unwrap()
 }
 
-/// Polls `f` every 2 ms until it is true; panics after `timeout`.
+/// [`wait_for`](shoal_tests::wait::wait_for) on a plain condition: panics
+/// if `f` is not true within `timeout`.
 pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "condition not met in {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    shoal_tests::wait::wait_for("the condition", timeout, async || f().then_some(())).await;
 }
 
 /// Fetches `path` while the model state does not change, returning the

@@ -14,16 +14,24 @@ use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
 /// Each test's bound, start-up included.
 pub const TEST_BOUND: Duration = Duration::from_secs(30);
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Fleets one test binary runs at once. The tests mostly wait (for polls,
+/// quiet periods, a restarted process), so two fleets side by side halve
+/// a binary's wall time on a 2-core box; more would let CPU contention
+/// stretch the intervals the assertions count in.
+const FLEETS_AT_ONCE: usize = 2;
 
-/// Runs `body` alone (one fleet at a time) and fails it after [`TEST_BOUND`].
+static FLEETS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(FLEETS_AT_ONCE);
+
+/// Runs `body` (with at most [`FLEETS_AT_ONCE`] fleets at a time) and
+/// fails it after [`TEST_BOUND`].
 pub async fn run<F: Future>(body: F) -> F::Output {
     run_for(TEST_BOUND, body).await
 }
 
-/// Runs `body` alone (one fleet at a time) and fails it after `bound`.
+/// Runs `body` (with at most [`FLEETS_AT_ONCE`] fleets at a time) and
+/// fails it after `bound`.
 pub async fn run_for<F: Future>(bound: Duration, body: F) -> F::Output {
-    let _one_at_a_time = SERIAL.lock().await;
+    let _few_at_a_time = FLEETS.acquire().await;
     let started = Instant::now();
     let out = tokio::time::timeout(bound, body)
         .await
@@ -101,21 +109,8 @@ pub async fn meshed(n: usize, args: &[&str]) -> Setup {
     start(engines(n).await, &all, true, args).await
 }
 
-/// Calls `probe` every 20 ms until it returns `Some`; panics after `timeout`.
-pub async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[allow(unused_imports)] // not every test binary waits
+pub use shoal_tests::wait::wait_for;
 
 impl Setup {
     /// `/mesh/status` of replica `i`, or `None` if it does not answer.
