@@ -54,8 +54,15 @@ fn a_sighting_on_one_node_reaches_every_peer_once_and_not_itself() {
             && seen[2].lock().unwrap().contains(&7)
     });
     assert!(arrived, "every peer hears every key");
-    // A moment for duplicates to show, if any were sent.
-    std::thread::sleep(Duration::from_millis(200));
+    // One more key, sent after: rounds reach a peer in order, so once it
+    // is in, any duplicate of the others would be in too.
+    const MARKER: u64 = 0x5eed;
+    sender.send(MARKER);
+    assert!(wait_until(Duration::from_secs(5), || {
+        [1, 2]
+            .iter()
+            .all(|&i| seen[i].lock().unwrap().contains(&MARKER))
+    }));
     for i in [1, 2] {
         let got = seen[i].lock().unwrap();
         let from_0 = got.iter().filter(|k| want.contains(k)).count();
