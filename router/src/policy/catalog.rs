@@ -127,6 +127,47 @@ mod tests {
         assert_eq!(registered.len(), headings.len(), "one group per policy");
     }
 
+    /// A policy file added without its catalog row (or the row's
+    /// `PolicyKind`) fails here: every `impl Policy for` in the policy
+    /// module names a policy that some `--policy` value builds. (The
+    /// catalog's `match` already makes a `PolicyKind` without a row a
+    /// compile error; this is the other direction.)
+    #[test]
+    fn every_policy_in_the_source_is_reachable_through_the_catalog() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/policy");
+        let built: BTreeSet<&str> = PolicyKind::value_variants()
+            .iter()
+            .map(|kind| build(&routing(*kind)).name())
+            .collect();
+        let mut implemented = BTreeSet::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            // At the start of a line: an item, not a mention.
+            let Some(at) = source.find("\nimpl Policy for ") else {
+                continue;
+            };
+            // The first string literal after `fn name` in the impl: its name.
+            let after = &source[at..];
+            let name = after
+                .find("fn name(&self)")
+                .and_then(|n| after[n..].split('"').nth(1))
+                .unwrap_or_else(|| panic!("{}: an impl Policy without a name", path.display()));
+            implemented.insert(name.to_string());
+        }
+        assert!(implemented.len() >= 8, "found only {implemented:?}");
+        for name in &implemented {
+            assert!(
+                built.contains(name.as_str()),
+                "policy `{name}` is implemented but no --policy value builds it: \
+                 add its PolicyKind variant and catalog row"
+            );
+        }
+    }
+
     #[test]
     fn every_policy_is_described_on_the_policies_page() {
         let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/policies.md");

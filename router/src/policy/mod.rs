@@ -42,8 +42,10 @@
 //!    parser), with its own help-heading constant, flattened into
 //!    `RoutingConfig`, and both re-exported from `config/mod.rs`.
 //! 5. Add its row to [`catalog_entry`]: the compiler rejects a `PolicyKind`
-//!    without one, and the catalog tests check the row's name and flag
-//!    heading.
+//!    without one, the catalog tests check the row's name and flag
+//!    heading, and a policy file whose `impl Policy` no `--policy` value
+//!    builds fails them too (checked by dropping a dummy policy's file in
+//!    this directory: the test named it).
 //! 6. Describe it in the policies page of the docs and regenerate the flag
 //!    reference (`SHOAL_UPDATE_README=1 cargo test -p shoal --test readme`).
 
