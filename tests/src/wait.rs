@@ -16,35 +16,35 @@ use std::time::{Duration, Instant};
 pub const POLL_EVERY: Duration = Duration::from_millis(10);
 
 /// Polls `probe` every [`POLL_EVERY`] until it returns a value, and
-/// returns it; panics naming `what` after `within`.
-pub async fn wait_for<T>(
-    what: &str,
-    within: Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
-) -> T {
+/// returns it; `None` once `within` has passed without one.
+async fn poll_for<T>(within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = probe().await {
-            return v;
+            return Some(v);
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        if Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// Polls `probe` every [`POLL_EVERY`] until it returns a value, and
+/// returns it; panics naming `what` after `within`.
+pub async fn wait_for<T>(what: &str, within: Duration, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    match poll_for(within, probe).await {
+        Some(v) => v,
+        None => panic!("{what}: not within {within:?}"),
     }
 }
 
 /// Polls `cond` every [`POLL_EVERY`] until it holds (true) or `within`
 /// passes (false).
 pub async fn poll_until(within: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
+    poll_for(within, async || cond().await.then_some(()))
+        .await
+        .is_some()
 }
 
 /// [`poll_until`] on a plain thread, polling every `period` (longer for
