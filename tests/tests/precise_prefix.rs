@@ -93,10 +93,28 @@ async fn dry_run(setup: &Setup, replica: usize, body: &Value) -> String {
     let url = format!("{}/debug/route", setup.fleet.url(replica));
     let answer = setup.client.post_json(&url, body).await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
-    answer.json().unwrap()["worker"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    let json = answer.json().unwrap();
+    // The view it chose on names every scoring input per candidate, so
+    // disagreeing replicas can be told apart by what they saw.
+    let loads = json["loads"].as_array().unwrap();
+    assert_eq!(loads.len(), ENGINES, "{json}");
+    for load in loads {
+        for key in [
+            "requests",
+            "since_poll",
+            "engine_gen_throughput",
+            "engine_kv_usage",
+        ] {
+            assert!(load.get(key).is_some(), "{key} missing: {load}");
+        }
+    }
+    assert!(
+        loads.iter().any(|l| l["engine_kv_usage"]
+            .as_f64()
+            .is_some_and(|k| (0.0..=1.0).contains(&k))),
+        "no engine's KV usage in the view: {json}"
+    );
+    json["worker"].as_str().unwrap().to_string()
 }
 
 #[tokio::test]

@@ -58,6 +58,11 @@ pub struct CandidateLoad {
     pub pending_prefill: u64,
     /// The engine's own queued tokens, from its last fresh report.
     pub engine_queued_tokens: Option<u64>,
+    /// The engine's reported generation throughput (tokens/s), from the
+    /// same report: it prices every token of the wait.
+    pub engine_gen_throughput: Option<f64>,
+    /// The engine's reported KV-cache usage in 0..=1 (the KV barrier).
+    pub engine_kv_usage: Option<f64>,
 }
 
 /// The load view of `candidates` at this instant.
@@ -75,6 +80,8 @@ fn loads(app: &AppState, candidates: &[Arc<crate::workers::Worker>]) -> Vec<Cand
             since_poll: load.counts.dispatched_since_poll,
             pending_prefill: load.counts.pending_prefill,
             engine_queued_tokens: load.engine.and_then(|e| e.queued_tokens),
+            engine_gen_throughput: load.engine.and_then(|e| e.gen_throughput),
+            engine_kv_usage: load.engine.and_then(|e| e.token_usage),
         })
         .collect()
 }

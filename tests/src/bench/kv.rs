@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::bench::probe_view::{self, CandidateView, VIEW_FIELDS, ViewDifference};
 use crate::bench::workload::Schedule;
 use crate::client::HttpClient;
 use crate::workload::chat;
@@ -128,6 +129,15 @@ pub struct Agreement {
     /// Of the others, the ones whose replicas reported the same cached
     /// prefixes (their indexes agreed; their load views did not).
     pub same_index: u64,
+    /// Of those, the ones whose views differed in requests in flight (a
+    /// booking, first byte or release not yet on every replica).
+    pub in_flight: u64,
+    /// Of those, the ones whose views differed only in poll news (an
+    /// engine snapshot, or the work counted since one).
+    pub poll_news: u64,
+    /// Of those, the ones whose views were identical: a policy that is not
+    /// a function of its view (0 unless something is broken).
+    pub same_view: u64,
     /// Requests some engine caches more of than another (where the pick
     /// decides a cache hit).
     pub uneven: u64,
@@ -143,12 +153,17 @@ impl Agreement {
         format!(
             "    agreement: {} of {} requests ({share:.1} %) got the same engine from every replica \
              (POST /debug/route to all at once, during the load); of the {} others, {} had the \
-             same cached prefixes on every replica (load views differed); {} of the {} requests \
-             some engine cached more of went to an engine caching the most",
+             same cached prefixes on every replica, and their load views differed in requests in \
+             flight for {}, only in poll news (a snapshot or the work since one) for {}, in \
+             nothing for {}; {} of the {} requests some engine cached more of went to an engine \
+             caching the most",
             self.agreed,
             self.asked,
             self.asked - self.agreed,
             self.same_index,
+            self.in_flight,
+            self.poll_news,
+            self.same_view,
             self.to_deepest,
             self.uneven,
         )
@@ -187,7 +202,12 @@ pub async fn probe_agreement(
                 let json = answer.json().ok()?;
                 let worker = json["worker"].as_str().map(String::from)?;
                 let candidates = json["candidates"].as_u64().unwrap_or(0);
-                Some((worker, cached_prefixes(&json), load_view(&json), candidates))
+                Some((
+                    worker,
+                    cached_prefixes(&json),
+                    probe_view::parse(&json),
+                    candidates,
+                ))
             }
         });
         let picks: Option<Vec<Answer>> = futures_util::future::join_all(asks)
@@ -213,11 +233,21 @@ pub async fn probe_agreement(
                 out.agreed += 1;
             } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
                 out.same_index += 1;
+                let views: Vec<Vec<CandidateView>> =
+                    picks.iter().map(|(_, _, view, _)| view.clone()).collect();
+                let differ = probe_view::difference(&views);
+                match differ {
+                    ViewDifference::InFlight => out.in_flight += 1,
+                    ViewDifference::PollNews => out.poll_news += 1,
+                    ViewDifference::Nothing => out.same_view += 1,
+                }
                 if std::env::var_os("FLEET_BENCH_LOG_DISAGREEMENTS").is_some() {
-                    eprintln!("    disagreement (same index):");
+                    eprintln!("    disagreement (same index, views differ: {differ:?}):");
                     for (worker, _, view, _) in &picks {
+                        let view: Vec<String> = view.iter().map(|c| c.to_string()).collect();
                         eprintln!(
-                            "      picked {worker}; in-flight/tokens/since-poll per engine: {view}"
+                            "      picked {worker}; {VIEW_FIELDS} per engine: {}",
+                            view.join(" ")
                         );
                     }
                 }
@@ -228,23 +258,8 @@ pub async fn probe_agreement(
 }
 
 /// One replica's dry-run answer: the engine, the cached prefixes, its load
-/// view in one line, and how many candidates it had.
-type Answer = (String, Vec<(String, u64)>, String, u64);
-
-/// A dry-run answer's load view, one `requests/tokens/since_poll` per
-/// candidate (for the disagreement log).
-fn load_view(answer: &serde_json::Value) -> String {
-    answer["loads"]
-        .as_array()
-        .map(|loads| {
-            loads
-                .iter()
-                .map(|l| format!("{}/{}/{}", l["requests"], l["tokens"], l["since_poll"]))
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default()
-}
+/// view, and how many candidates it had.
+type Answer = (String, Vec<(String, u64)>, Vec<CandidateView>, u64);
 
 /// A dry-run answer's cached prefixes, sorted by worker.
 fn cached_prefixes(answer: &serde_json::Value) -> Vec<(String, u64)> {
@@ -278,6 +293,9 @@ mod tests {
             asked: 10,
             agreed: 7,
             same_index: 2,
+            in_flight: 1,
+            poll_news: 1,
+            same_view: 0,
             uneven: 4,
             to_deepest: 3,
         }
@@ -285,6 +303,8 @@ mod tests {
         assert!(
             line.contains("7 of 10")
                 && line.contains("of the 3 others, 2")
+                && line.contains("requests in flight for 1, only in poll news")
+                && line.contains("in nothing for 0")
                 && line.contains("3 of the 4 requests"),
             "{line}"
         );

@@ -17,6 +17,7 @@ pub mod kv;
 pub mod plan;
 pub mod plot;
 pub mod pooled;
+pub mod probe_view;
 pub mod report;
 pub mod summary;
 pub mod trace;
