@@ -43,6 +43,16 @@ fn args(policy: &str, workers: &[&str]) -> Vec<String> {
     args
 }
 
+/// Whether the router holds no request in flight on any of `urls`.
+async fn nothing_in_flight(router: &Router, urls: &[&str]) -> bool {
+    for url in urls {
+        if router.worker(url).await["inflight_requests"].as_u64() != Some(0) {
+            return false;
+        }
+    }
+    true
+}
+
 async fn polled_waiting(router: &Router, url: &str) -> Option<u64> {
     router.worker(url).await["snapshot"]["load"]["waiting_requests"].as_u64()
 }
@@ -131,6 +141,18 @@ async fn prefix_affinity_is_the_default_keeping_long_prompts_together_and_spread
             .post_json("/v1/chat/completions", &chat_with(&long))
             .await;
         assert_eq!(response.status(), 200);
+        // The router releases a request's booking just after the client
+        // has the response; on a loaded host two could still be held when
+        // the next request is placed, which puts the home past the load
+        // bound (2 of 3 in flight) and moves that request. Each one is
+        // placed on an idle fleet, as the test means.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                nothing_in_flight(&router, &[&a.url, &b.url]).await
+            })
+            .await,
+            "bookings released"
+        );
     }
     // The first sight of a key goes by least load (a tie between two idle
     // engines); every repeat goes to the key's home.
