@@ -43,16 +43,6 @@ fn args(policy: &str, workers: &[&str]) -> Vec<String> {
     args
 }
 
-/// Whether the router holds no request in flight on any of `urls`.
-async fn nothing_in_flight(router: &Router, urls: &[&str]) -> bool {
-    for url in urls {
-        if router.worker(url).await["inflight_requests"].as_u64() != Some(0) {
-            return false;
-        }
-    }
-    true
-}
-
 async fn polled_waiting(router: &Router, url: &str) -> Option<u64> {
     router.worker(url).await["snapshot"]["load"]["waiting_requests"].as_u64()
 }
@@ -147,10 +137,9 @@ async fn prefix_affinity_is_the_default_keeping_long_prompts_together_and_spread
         // bound (2 of 3 in flight) and moves that request. Each one is
         // placed on an idle fleet, as the test means.
         assert!(
-            eventually(Duration::from_secs(5), || async {
-                nothing_in_flight(&router, &[&a.url, &b.url]).await
-            })
-            .await,
+            router
+                .released(&[&a.url, &b.url], Duration::from_secs(5))
+                .await,
             "bookings released"
         );
     }

@@ -74,11 +74,9 @@ async fn client_disconnect_cancels_the_upstream_request_and_releases_the_booking
         "the engine saw its stream cancelled"
     );
     assert!(
-        eventually(Duration::from_secs(2), || async {
-            let entry = router.worker(&engine.url).await;
-            entry["inflight_requests"] == 0 && entry["inflight_tokens"] == 0
-        })
-        .await,
+        router
+            .released(&[&engine.url], Duration::from_secs(2))
+            .await,
         "booking released after the client left"
     );
 }

@@ -20,11 +20,9 @@ fn fast_checks(workers: &[&str]) -> Vec<String> {
 }
 
 async fn released(router: &Router, engine: &FakeEngine) -> bool {
-    eventually(Duration::from_secs(2), || async {
-        let entry = router.worker(&engine.url).await;
-        entry["inflight_requests"] == 0 && entry["inflight_tokens"] == 0
-    })
-    .await
+    router
+        .released(&[&engine.url], Duration::from_secs(2))
+        .await
 }
 
 #[tokio::test]

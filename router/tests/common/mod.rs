@@ -95,6 +95,21 @@ impl Router {
             .cloned()
             .unwrap_or_else(|| panic!("worker {url} not listed in {all}"))
     }
+
+    /// Whether, within `within`, this replica comes to hold no request and
+    /// no token-work in flight on any of `urls` (every booking released).
+    pub async fn released(&self, urls: &[&str], within: Duration) -> bool {
+        eventually(within, || async {
+            for url in urls {
+                let entry = self.worker(url).await;
+                if entry["inflight_requests"] != 0 || entry["inflight_tokens"] != 0 {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+    }
 }
 
 impl Drop for Router {

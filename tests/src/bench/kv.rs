@@ -233,8 +233,10 @@ pub async fn probe_agreement(
                 out.agreed += 1;
             } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
                 out.same_index += 1;
-                let views: Vec<Vec<CandidateView>> =
-                    picks.iter().map(|(_, _, view, _)| view.clone()).collect();
+                let views: Vec<&[CandidateView]> = picks
+                    .iter()
+                    .map(|(_, _, view, _)| view.as_slice())
+                    .collect();
                 let differ = probe_view::difference(&views);
                 match differ {
                     ViewDifference::InFlight => out.in_flight += 1,
