@@ -38,6 +38,13 @@ pub const EVICTION_INTERVAL_SECS: u64 = 60;
 pub const LEAST_LOAD_KV_PRESSURE_WEIGHT: f64 = 0.15;
 /// `least_load`: tokens/s assumed for an engine that reports no throughput.
 pub const LEAST_LOAD_DEFAULT_THROUGHPUT: f64 = 2000.0;
+/// `least_load`: tokens/s an engine is credited with at least. SGLang's
+/// `gen_throughput` and vLLM's generation throughput are the recent decode
+/// rate: an engine decoding one short answer reports a few tokens/s and
+/// would look minutes deep in work it clears in a second. A tenth of the
+/// default keeps reports ordering busy engines while an idle one never
+/// looks slower than this. Measured in tests/BENCHMARKS.md.
+pub const LEAST_LOAD_MIN_THROUGHPUT: f64 = 200.0;
 /// `least_load`: token-work booked for a request without a token estimate.
 pub const LEAST_LOAD_MEAN_PREFILL_TOKENS: u64 = 1024;
 /// `load_aware`: waiting-queue length at which a worker scores 0.
@@ -204,7 +211,10 @@ pub const KV_TOKEN_CACHE_BYTES: usize = 64 << 20;
 /// lowered TTFT p99; on the synthetic agentic trace (one hot tool prefix)
 /// ε = 3 lets the busiest engine reach ~1.5 × the mean share where ε = 1
 /// keeps it near 1.3 ×, so fleets dominated by one hot prefix may set 1.
-pub const PRECISE_PREFIX_EPSILON: f64 = 3.0;
+/// With `--least-load-min-throughput` flooring the waits, ε = 5 reached
+/// `cache_aware`'s one-router hit meshed (28.3 % median against 28.3 %,
+/// where ε = 3 gave 28.1 %) with the agentic trace's TTFT p99 no worse.
+pub const PRECISE_PREFIX_EPSILON: f64 = 5.0;
 /// What `precise_prefix` counts a second of prefill saved by a cached
 /// prefix as, in seconds of queue. The wait it is weighed against counts a
 /// prompt token as one token of work, but a miss's prefill also stalls

@@ -173,6 +173,10 @@ pub struct LeastLoadConfig {
     #[arg(long, env = "SHOAL_LEAST_LOAD_DEFAULT_THROUGHPUT", default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, value_parser = parsers::positive)]
     pub least_load_default_throughput: f64,
 
+    /// least_load: tokens/s an engine is credited with at least, whatever it reports (>= 0; 0 takes reports as they are). Engines report their recent decode rate, which at low load measures demand, not capacity.
+    #[arg(long, env = "SHOAL_LEAST_LOAD_MIN_THROUGHPUT", default_value_t = defaults::LEAST_LOAD_MIN_THROUGHPUT, value_parser = parsers::non_negative)]
+    pub least_load_min_throughput: f64,
+
     /// least_load: token-work booked for a request whose prompt could not be estimated; also the starting mean prompt that counts an engine's waiting requests when it reports no queued tokens.
     #[arg(long, env = "SHOAL_LEAST_LOAD_MEAN_PREFILL_TOKENS", default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, value_parser = parsers::positive_u64)]
     pub least_load_mean_prefill_tokens: u64,
@@ -185,6 +189,7 @@ impl Default for LeastLoadConfig {
         Self {
             least_load_kv_pressure_weight: defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT,
             least_load_default_throughput: defaults::LEAST_LOAD_DEFAULT_THROUGHPUT,
+            least_load_min_throughput: defaults::LEAST_LOAD_MIN_THROUGHPUT,
             least_load_mean_prefill_tokens: defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS,
         }
     }

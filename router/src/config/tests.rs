@@ -111,6 +111,8 @@ fn policy_flags_reject_bad_values_naming_the_flag() {
         ("--least-load-kv-pressure-weight", "NaN"),
         ("--least-load-default-throughput", "0"),
         ("--least-load-default-throughput", "inf"),
+        ("--least-load-min-throughput", "-1"),
+        ("--least-load-min-throughput", "NaN"),
         ("--least-load-mean-prefill-tokens", "0"),
         ("--load-aware-threshold", "0"),
         ("--load-aware-threshold", "-3"),

@@ -27,7 +27,9 @@
 //!   made its whole waiting queue invisible until the next booking; with
 //!   SGLang it is a cross-check on a polled figure up to a poll old;
 //! - `throughput`: reported `gen_throughput` if finite and > 0, else
-//!   `--least-load-default-throughput`;
+//!   `--least-load-default-throughput`; never less than
+//!   `--least-load-min-throughput` (engines report their recent decode
+//!   rate, which at low load is demand, not capacity);
 //! - the KV barrier `w * k/(1-k)`, `k` clamped to [0, 0.999] and
 //!   `w = --least-load-kv-pressure-weight`. It degrades per worker: a
 //!   candidate without a fresh, valid `k` (a stale snapshot, an endpoint
@@ -199,6 +201,9 @@ struct LeastLoadKnobs {
     config: LeastLoadConfig,
     /// `1 / --least-load-default-throughput`, for engines that report none.
     default_secs_per_token: f64,
+    /// `1 / --least-load-min-throughput` (infinite when 0): the most a
+    /// token of work may cost on any engine.
+    max_secs_per_token: f64,
 }
 
 impl LeastLoadKnobs {
@@ -206,6 +211,7 @@ impl LeastLoadKnobs {
         Self {
             config,
             default_secs_per_token: 1.0 / config.least_load_default_throughput,
+            max_secs_per_token: 1.0 / config.least_load_min_throughput,
         }
     }
 }
@@ -287,7 +293,10 @@ impl LeastLoadPolicy {
             };
             let (throughput, secs_per_token) =
                 match (load.figures.secs_per_token, signals::throughput(engine)) {
-                    (Some(secs), Some(throughput)) => (throughput, secs),
+                    (Some(secs), Some(throughput)) => (
+                        throughput.max(knobs.config.least_load_min_throughput),
+                        secs.min(knobs.max_secs_per_token),
+                    ),
                     _ => (
                         knobs.config.least_load_default_throughput,
                         knobs.default_secs_per_token,

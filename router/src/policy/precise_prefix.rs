@@ -184,7 +184,7 @@ impl Policy for PrecisePrefixPolicy {
         // their own hashes instead of all taking the one lowest score.
         let slack = own.max(0.0) * PRECISE_PREFIX_NEAR_TIE_WORK;
         let spread_key = blocks.whole;
-        admitted
+        let chosen = admitted
             .iter()
             .filter(|(_, score)| *score <= top_score + slack)
             .max_by_key(|(i, _)| {
@@ -193,8 +193,28 @@ impl Policy for PrecisePrefixPolicy {
                     rendezvous_weight(spread_key, candidates[*i].url_hash()),
                 )
             })
-            .map(|(i, _)| *i)
-            .or(Some(top))
+            .map_or(top, |(i, _)| *i);
+        // Work conservation: the cache weight keeps a request off a cold
+        // engine for the sake of the requests that would queue behind its
+        // prefill, but an idle engine has nobody behind it. When one would
+        // give this request its first token sooner (its whole prefill
+        // there against the chosen engine's wait plus the uncached rest),
+        // it goes there; else a cold engine could stay idle for a whole
+        // run while the others queue (measured on the agentic trace).
+        let first_token = |i: usize| {
+            scores.values[i] + unit.of_request(request.prompt_tokens.saturating_sub(cached[i]))
+        };
+        let idle = admitted
+            .iter()
+            .map(|&(i, _)| i)
+            .filter(|&i| scores.requests[i] == 0)
+            .min_by(|&a, &b| first_token(a).total_cmp(&first_token(b)));
+        match idle {
+            Some(i) if scores.requests[chosen] > 0 && first_token(i) < first_token(chosen) => {
+                Some(i)
+            }
+            _ => Some(chosen),
+        }
     }
 
     fn prompt_text_limit(&self) -> Option<usize> {

@@ -24,6 +24,22 @@ fn normalises_by_throughput() {
 }
 
 #[test]
+fn a_low_reported_throughput_is_floored() {
+    // An idle engine decoding one short answer reports 5 tok/s: 1,000
+    // queued tokens would read as 200 s. At the 200 tok/s floor they are
+    // 5 s, under the busy engine's 20,000 tokens at 2,000 tok/s (10 s).
+    let workers = workers(2);
+    set_load(&workers[0], engine().queued(1000).throughput(5.0));
+    set_load(&workers[1], engine().queued(20_000).throughput(2000.0));
+    assert_eq!(pick_n(&policy(), &workers, &plain(), 20), [20, 0]);
+    let as_reported = LeastLoadPolicy::new(LeastLoadConfig {
+        least_load_min_throughput: 0.0,
+        ..LeastLoadConfig::default()
+    });
+    assert_eq!(pick_n(&as_reported, &workers, &plain(), 20), [0, 20]);
+}
+
+#[test]
 fn kv_barrier_steers_off_a_near_full_worker() {
     let workers = workers(2);
     // Empty queue but k = 0.98: 0.15 * 0.98/0.02 = 7.35 s. The other: 2 s + 0.15 s.

@@ -199,3 +199,31 @@ fn prompts_sharing_only_a_common_start_spread_over_the_engines_caching_it() {
     let request = crate::policy::testkit::text(&deeper);
     assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 0, 20]);
 }
+
+#[test]
+fn an_idle_engine_takes_a_request_that_would_start_sooner_there() {
+    // Workers 0 and 1 cache the prompt and each runs a request; worker 2
+    // is idle and caches nothing. The cache weight alone would keep the
+    // prompt on a holder whatever its queue (both are inside the guard).
+    let p = policy();
+    let workers = idle_workers(3);
+    events_on(&p, &workers);
+    let text = prompt("f");
+    let request = crate::policy::testkit::text(&text);
+    let mut held = Vec::new();
+    for w in &workers[..2] {
+        engine_caches(&p, w, &text, 20);
+        held.extend(book(w, 1, 100));
+    }
+    // Short queues (0.05 s of booked work): the holders start it sooner
+    // than a whole prefill on the idle engine, and keep it.
+    let counts = pick_n(&p, &workers, &request, 20);
+    assert_eq!(counts[2], 0, "{counts:?}");
+    // 10 s of queue on each holder: the idle engine's whole prefill
+    // (~0.25 s) comes first, so it takes the request.
+    for w in &workers[..2] {
+        set_load(w, engine().queued(20_000).throughput(2000.0).usage(0.1));
+    }
+    assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 20]);
+    drop(held);
+}
