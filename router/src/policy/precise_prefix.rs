@@ -23,6 +23,13 @@
 //! one. Outside the guard, least_load; when nobody caches anything, the
 //! near-tie rule below picks among the least loaded.
 //!
+//! Work conservation last: an engine with no request in flight takes the
+//! request when its first token would come sooner there (its whole
+//! prefill against the chosen engine's wait plus the uncached rest). The
+//! cache weight spares the requests that queue behind a miss's prefill,
+//! and an idle engine has none; without this a cold engine could sit idle
+//! while the holders of a hot prefix queue.
+//!
 //! A worker whose event stream cannot be trusted (no events configured,
 //! not connected, a gap not repaired), and every worker for a prompt no
 //! tokenizer serves, is scored as `prefix_affinity` would place it: among such workers, the rendezvous choice for the prompt's
