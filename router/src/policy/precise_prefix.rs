@@ -211,11 +211,19 @@ impl Policy for PrecisePrefixPolicy {
         let first_token = |i: usize| {
             scores.values[i] + unit.of_request(request.prompt_tokens.saturating_sub(cached[i]))
         };
+        // Equal idle engines go by the prompt's rendezvous weight, so
+        // requests arriving together at several replicas spread over them
+        // instead of all taking the first in candidate order.
         let idle = admitted
             .iter()
             .map(|&(i, _)| i)
             .filter(|&i| scores.requests[i] == 0)
-            .min_by(|&a, &b| first_token(a).total_cmp(&first_token(b)));
+            .min_by(|&a, &b| {
+                first_token(a).total_cmp(&first_token(b)).then_with(|| {
+                    let weight = |i: usize| rendezvous_weight(spread_key, candidates[i].url_hash());
+                    weight(b).cmp(&weight(a))
+                })
+            });
         match idle {
             Some(i) if scores.requests[chosen] > 0 && first_token(i) < first_token(chosen) => {
                 Some(i)

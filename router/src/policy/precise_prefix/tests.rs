@@ -227,3 +227,32 @@ fn an_idle_engine_takes_a_request_that_would_start_sooner_there() {
     assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 20]);
     drop(held);
 }
+
+#[test]
+fn prompts_leaving_busy_holders_spread_over_the_idle_engines() {
+    // Workers 0 and 1 cache a shared prefix and have 10 s of queue each;
+    // 2, 3 and 4 are idle and cold. Every prompt starting with the prefix
+    // leaves the holders for an idle engine, the same one each time it is
+    // asked, and different prompts do not all take the same idle engine.
+    let p = policy();
+    let workers = idle_workers(5);
+    events_on(&p, &workers);
+    let shared = prompt("g");
+    let mut held = Vec::new();
+    for w in &workers[..2] {
+        engine_caches(&p, w, &shared, 20);
+        held.extend(book(w, 1, 100));
+        set_load(w, engine().queued(20_000).throughput(2000.0).usage(0.1));
+    }
+    let fleet = fleet();
+    let mut used = std::collections::BTreeSet::new();
+    for n in 0..12 {
+        let request = crate::policy::testkit::text(&format!("{shared} and then question {n}"));
+        let pick = p.select(&workers, &request, &fleet);
+        assert_eq!(pick, p.select(&workers, &request, &fleet));
+        assert!(matches!(pick, Some(2..=4)), "question {n} went to {pick:?}");
+        used.insert(pick);
+    }
+    assert!(used.len() >= 2, "12 prompts went to {used:?}");
+    drop(held);
+}
