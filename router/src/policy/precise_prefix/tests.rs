@@ -200,6 +200,29 @@ fn prompts_sharing_only_a_common_start_spread_over_the_engines_caching_it() {
     assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 0, 20]);
 }
 
+/// Each of `holders` caches the first 20 blocks of `text` and runs one
+/// request (held while the bookings live).
+fn holders_running_one(
+    policy: &PrecisePrefixPolicy,
+    holders: &[Arc<Worker>],
+    text: &str,
+) -> Vec<crate::workers::SlotBooking> {
+    holders
+        .iter()
+        .flat_map(|w| {
+            engine_caches(policy, w, text, 20);
+            book(w, 1, 100)
+        })
+        .collect()
+}
+
+/// 20,000 queued tokens at 2,000 tok/s on each worker.
+fn queue_ten_seconds(workers: &[Arc<Worker>]) {
+    for w in workers {
+        set_load(w, engine().queued(20_000).throughput(2000.0).usage(0.1));
+    }
+}
+
 #[test]
 fn an_idle_engine_takes_a_request_that_would_start_sooner_there() {
     // Workers 0 and 1 cache the prompt and each runs a request; worker 2
@@ -210,20 +233,14 @@ fn an_idle_engine_takes_a_request_that_would_start_sooner_there() {
     events_on(&p, &workers);
     let text = prompt("f");
     let request = crate::policy::testkit::text(&text);
-    let mut held = Vec::new();
-    for w in &workers[..2] {
-        engine_caches(&p, w, &text, 20);
-        held.extend(book(w, 1, 100));
-    }
+    let held = holders_running_one(&p, &workers[..2], &text);
     // Short queues (0.05 s of booked work): the holders start it sooner
     // than a whole prefill on the idle engine, and keep it.
     let counts = pick_n(&p, &workers, &request, 20);
     assert_eq!(counts[2], 0, "{counts:?}");
     // 10 s of queue on each holder: the idle engine's whole prefill
     // (~0.25 s) comes first, so it takes the request.
-    for w in &workers[..2] {
-        set_load(w, engine().queued(20_000).throughput(2000.0).usage(0.1));
-    }
+    queue_ten_seconds(&workers[..2]);
     assert_eq!(pick_n(&p, &workers, &request, 20), vec![0, 0, 20]);
     drop(held);
 }
@@ -238,12 +255,8 @@ fn prompts_leaving_busy_holders_spread_over_the_idle_engines() {
     let workers = idle_workers(5);
     events_on(&p, &workers);
     let shared = prompt("g");
-    let mut held = Vec::new();
-    for w in &workers[..2] {
-        engine_caches(&p, w, &shared, 20);
-        held.extend(book(w, 1, 100));
-        set_load(w, engine().queued(20_000).throughput(2000.0).usage(0.1));
-    }
+    let held = holders_running_one(&p, &workers[..2], &shared);
+    queue_ten_seconds(&workers[..2]);
     let fleet = fleet();
     let mut used = std::collections::BTreeSet::new();
     for n in 0..12 {
