@@ -244,7 +244,10 @@ pub async fn probe_agreement(
                     ViewDifference::Nothing => out.same_view += 1,
                 }
                 if std::env::var_os("FLEET_BENCH_LOG_DISAGREEMENTS").is_some() {
-                    eprintln!("    disagreement (same index, views differ: {differ:?}):");
+                    eprintln!(
+                        "    disagreement at {:.1} s (same index, views differ: {differ:?}):",
+                        now.as_secs_f64()
+                    );
                     for (worker, _, view, _) in &picks {
                         let view: Vec<String> = view.iter().map(|c| c.to_string()).collect();
                         eprintln!(
