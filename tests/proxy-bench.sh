@@ -37,14 +37,15 @@
 #   BACKENDS="fixed mock stream"
 #   CONCS="8 1"            wrk connections; one table per value (CONC=N means CONCS=N)
 #   DURATION=10            seconds per wrk pass, 1..20
-#   ROUNDS=3               rounds, 1..20
+#   ROUNDS=5               rounds, 1..20
 #   WARMUP=1               seconds of unmeasured load per target before the rounds, 0..5
 #   IDLE=5                 seconds of idle CPU measured per backend before the load, 0..10
 #   OUT=target/proxy-bench.json     every figure, per pass and summarised
 #   KEEP_WORK=1            keep the temporary directory (configs, logs, raw wrk output)
 # Relative paths are from the repository root. Everything listens on
 # 127.0.0.1 on free ports; every child is stopped on exit. The goal lines
-# are computed from the fixed backend at c=8.
+# compare each round with the same round's nginx (fixed backend at c=8, and
+# the stream backend per SSE event); the CPU ratio is the first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HERE=tests/proxy-bench
@@ -58,7 +59,7 @@ int_in() { # NAME VALUE MIN MAX
 }
 
 DURATION=${DURATION:-10}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 CONCS=${CONCS:-${CONC:-8 1}}
 WARMUP=${WARMUP:-1}
 IDLE=${IDLE:-5}
