@@ -143,3 +143,45 @@ async fn a_failing_exporter_keeps_the_old_snapshot_until_it_goes_stale() {
         "{metrics}"
     );
 }
+
+/// Health checks (with their model list) and load polls run on their own
+/// tickers; in turns they share one pooled connection to the engine
+/// instead of opening a second whenever they meet (at 1,000 engines that
+/// was 1,000 more idle sockets and their buffers).
+#[tokio::test]
+async fn health_checks_and_load_polls_share_one_connection() {
+    let engine = FakeEngine::start().await;
+    *engine.state.metrics.lock().await = VLLM.to_string();
+    *engine.state.models.lock().await = vec!["m".into()];
+    // A model list slower than the poll interval: a health round always
+    // overlaps a poll.
+    engine
+        .state
+        .models_delay_ms
+        .store(250, std::sync::atomic::Ordering::SeqCst);
+    let mut args = args(&[&engine.url], "vllm");
+    let interval = args
+        .iter()
+        .position(|a| a == "--health-check-interval-secs")
+        .unwrap();
+    args[interval + 1] = "1".into();
+    let router = Router::start(&args).await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            snapshot_of(&router, &engine.url).await.is_some()
+        })
+        .await
+    );
+    // Three health rounds, each meeting polls every 100 ms.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let entry = router.worker(&engine.url).await;
+    assert_eq!(entry["healthy"], true, "{entry}");
+    assert_eq!(
+        engine
+            .state
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "every side request went over the one pooled connection"
+    );
+}

@@ -145,6 +145,9 @@ pub async fn run(registry: Arc<Registry>, client: HttpClient, config: HealthConf
             let config = &config;
             let registry = &registry;
             async move {
+                // One side request to an engine at a time: a load poll of
+                // it shares this turn (see `Worker::side_turn`).
+                let _turn = worker.side_turn().await;
                 let passed = probe(client, worker, config).await;
                 // The list before the verdict: a worker coming into
                 // rotation is routed by what it serves from its first

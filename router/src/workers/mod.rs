@@ -65,6 +65,9 @@ pub struct Worker {
     model_cards: ArcSwap<Vec<serde_json::Value>>,
     /// Where the engine publishes KV-cache events, when discovery named it.
     kv_event_sockets: ArcSwapOption<KvEventSockets>,
+    /// Taken for each side request (health check, model list, load poll):
+    /// see [`Worker::side_turn`].
+    side_turn: tokio::sync::Mutex<()>,
 }
 
 /// Where a worker's engine publishes its KV-cache events, as discovery
@@ -104,7 +107,18 @@ impl Worker {
             served: ArcSwap::from_pointee(Served::Unread),
             model_cards: ArcSwap::from_pointee(Vec::new()),
             kv_event_sockets: ArcSwapOption::empty(),
+            side_turn: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Waits until no other side request to this engine is in flight and
+    /// holds that turn until the guard drops. The health checks and the
+    /// load polls run on their own tickers and met every health interval:
+    /// two requests at once took two pooled connections to every engine,
+    /// kept idle for the pool's timeout (at 1,000 engines, 1,000 sockets
+    /// and their buffers more than needed). In turns they share one.
+    pub async fn side_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.side_turn.lock().await
     }
 
     /// Where discovery says the engine publishes KV-cache events.

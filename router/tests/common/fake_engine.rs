@@ -61,6 +61,8 @@ pub struct EngineState {
     pub api_keys: std::sync::Mutex<Vec<(String, Option<String>)>>,
     /// Stored objects (responses, files, batches), when enabled.
     pub objects: super::fake_objects::ObjectStore,
+    /// TCP connections accepted (plain-HTTP engines).
+    pub connections: AtomicUsize,
 }
 
 /// Records every request's path, `Authorization` and `x-api-key` headers.
@@ -247,8 +249,20 @@ impl FakeEngine {
         let app = Self::app(&state);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        let counted = state.clone();
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            while let Ok((tcp, _)) = listener.accept().await {
+                counted.connections.fetch_add(1, Ordering::SeqCst);
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(tcp), service)
+                    .await;
+                });
+            }
         });
         FakeEngine { url, state, task }
     }
