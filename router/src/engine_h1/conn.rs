@@ -44,10 +44,11 @@ pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Idle connections kept per engine per thread.
 pub const MAX_IDLE_PER_ENGINE: usize = 256;
 /// Bytes a new connection reads from the socket at a time (at least): an
-/// SSE event or a chat completion fits, and 10,000 open streams hold 40 MiB
-/// of buffers rather than 160 (tests/BENCHMARKS.md, "One `shoal` process at
-/// scale").
-const MIN_READ_CHUNK: usize = 4 * 1024;
+/// SSE event or a short chat completion fits, and 10,000 open streams hold
+/// 20 MiB of buffers rather than 160 at 16 KiB or 40 at 4 KiB (a buffer is
+/// a page once touched; two of these share one). Larger answers grow it.
+/// tests/BENCHMARKS.md, "One `shoal` process at scale".
+const MIN_READ_CHUNK: usize = 2 * 1024;
 /// The read size a connection grows to (doubling each time a read fills
 /// all the room it had) when its responses are large.
 const MAX_READ_CHUNK: usize = 16 * 1024;
