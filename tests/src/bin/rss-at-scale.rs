@@ -44,6 +44,10 @@ struct Cli {
     /// Extra shoal flags, one per occurrence (`--shoal-arg=--worker-load-source=none`).
     #[arg(long = "shoal-arg", allow_hyphen_values = true)]
     shoal_args: Vec<String>,
+    /// Seconds the streams are held open after they are all open, with
+    /// the memory printed every 10 s (at least one report).
+    #[arg(long, default_value_t = 10)]
+    hold_secs: u64,
     /// Give up on a stage after this many seconds.
     #[arg(long, default_value_t = 400)]
     stage_timeout_secs: u64,
@@ -306,8 +310,12 @@ async fn run(cli: Cli) -> Result<(), String> {
     )
     .await?;
     report(&format!("3. + {ok} open streams ({failed} failed)"), pid);
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    report("4. the same, 10 s later", pid);
+    // Every 10 s while the streams run: memory that keeps growing is a
+    // leak, memory that settles is what the allocator keeps.
+    for held in (10..=cli.hold_secs.max(10)).step_by(10) {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        report(&format!("4. the same, {held} s later"), pid);
+    }
     if ok < cli.streams as u64 {
         return Err(format!(
             "only {ok} of {} streams opened ({failed} failed); see {}",
