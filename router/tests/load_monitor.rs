@@ -153,12 +153,53 @@ async fn health_checks_and_load_polls_share_one_connection() {
     let engine = FakeEngine::start().await;
     *engine.state.metrics.lock().await = VLLM.to_string();
     *engine.state.models.lock().await = vec!["m".into()];
-    // A model list slower than the poll interval: a health round always
-    // overlaps a poll.
+    // Polls every 500 ms and a health round of ~400 ms (its model list is
+    // slow) every second: most rounds overlap a poll, which waits for the
+    // turn (a poll waits at most one interval, 100 ms to spare).
     engine
         .state
         .models_delay_ms
-        .store(250, std::sync::atomic::Ordering::SeqCst);
+        .store(400, std::sync::atomic::Ordering::SeqCst);
+    let mut args = args(&[&engine.url], "vllm");
+    let set = |args: &mut Vec<String>, flag: &str, value: &str| {
+        let at = args.iter().position(|a| a == flag).unwrap();
+        args[at + 1] = value.into();
+    };
+    set(&mut args, "--health-check-interval-secs", "1");
+    set(&mut args, "--load-poll-interval-ms", "500");
+    let router = Router::start(&args).await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            snapshot_of(&router, &engine.url).await.is_some()
+        })
+        .await
+    );
+    // Five health rounds: the chance that none meets a poll is ~0.03 %.
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    let entry = router.worker(&engine.url).await;
+    assert_eq!(entry["healthy"], true, "{entry}");
+    assert_eq!(
+        engine
+            .state
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "every side request went over the one pooled connection"
+    );
+}
+
+/// A health check that hangs (here, a model list taking 3 s) holds its
+/// turn, but the polls of every engine go on: a poll waits for the turn
+/// at most one interval, so one slow engine never stalls the poll round.
+#[tokio::test]
+async fn a_slow_health_check_does_not_hold_up_the_polls() {
+    let engine = FakeEngine::start().await;
+    *engine.state.metrics.lock().await = VLLM.to_string();
+    *engine.state.models.lock().await = vec!["m".into()];
+    engine
+        .state
+        .models_delay_ms
+        .store(3000, std::sync::atomic::Ordering::SeqCst);
     let mut args = args(&[&engine.url], "vllm");
     let interval = args
         .iter()
@@ -172,16 +213,17 @@ async fn health_checks_and_load_polls_share_one_connection() {
         })
         .await
     );
-    // Three health rounds, each meeting polls every 100 ms.
-    tokio::time::sleep(Duration::from_millis(3200)).await;
-    let entry = router.worker(&engine.url).await;
-    assert_eq!(entry["healthy"], true, "{entry}");
-    assert_eq!(
-        engine
-            .state
-            .connections
-            .load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "every side request went over the one pooled connection"
+    // 2.5 s inside health rounds that each hold the turn for 3 s.
+    let mut oldest = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let age = router.worker(&engine.url).await["snapshot_age_ms"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        oldest = oldest.max(age);
+    }
+    assert!(
+        oldest < 1500,
+        "polled every ~200 ms despite the health check; the oldest snapshot seen was {oldest} ms"
     );
 }

@@ -92,8 +92,13 @@ pub async fn poll_once(
     config: &MonitorConfig,
 ) -> Result<LoadSnapshot, PollError> {
     // Taken before the stamp, so a wait for a health check is not
-    // counted as the poll's age.
-    let _turn = worker.side_turn().await;
+    // counted as the poll's age. Waited for at most one interval: a health
+    // check of a hung engine holds the turn up to its timeouts, and the
+    // round that polls every engine must not wait for one; past that the
+    // poll goes on a connection of its own.
+    let _turn = tokio::time::timeout(config.interval, worker.side_turn())
+        .await
+        .ok();
     let slot = worker.ledger().slot();
     let stamp = slot.poll_stamp();
     let result = poll::poll(client, worker.url(), state, config.source, config.interval).await;
