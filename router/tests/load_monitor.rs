@@ -144,29 +144,25 @@ async fn a_failing_exporter_keeps_the_old_snapshot_until_it_goes_stale() {
     );
 }
 
-/// Health checks (with their model list) and load polls run on their own
-/// tickers; in turns they share one pooled connection to the engine
-/// instead of opening a second whenever they meet (at 1,000 engines that
-/// was 1,000 more idle sockets and their buffers).
-#[tokio::test]
-async fn health_checks_and_load_polls_share_one_connection() {
+/// A vLLM engine whose model list takes `models_delay_ms`, and a router
+/// checking its health every second and polling it every `poll_ms`,
+/// returned once the first snapshot is in.
+async fn slow_models_engine(models_delay_ms: u64, poll_ms: u64) -> (FakeEngine, Router) {
     let engine = FakeEngine::start().await;
     *engine.state.metrics.lock().await = VLLM.to_string();
     *engine.state.models.lock().await = vec!["m".into()];
-    // Polls every 500 ms and a health round of ~400 ms (its model list is
-    // slow) every second: most rounds overlap a poll, which waits for the
-    // turn (a poll waits at most one interval, 100 ms to spare).
     engine
         .state
         .models_delay_ms
-        .store(400, std::sync::atomic::Ordering::SeqCst);
+        .store(models_delay_ms, std::sync::atomic::Ordering::SeqCst);
     let mut args = args(&[&engine.url], "vllm");
-    let set = |args: &mut Vec<String>, flag: &str, value: &str| {
+    for (flag, value) in [
+        ("--health-check-interval-secs", "1".to_string()),
+        ("--load-poll-interval-ms", poll_ms.to_string()),
+    ] {
         let at = args.iter().position(|a| a == flag).unwrap();
-        args[at + 1] = value.into();
-    };
-    set(&mut args, "--health-check-interval-secs", "1");
-    set(&mut args, "--load-poll-interval-ms", "500");
+        args[at + 1] = value;
+    }
     let router = Router::start(&args).await;
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -174,6 +170,19 @@ async fn health_checks_and_load_polls_share_one_connection() {
         })
         .await
     );
+    (engine, router)
+}
+
+/// Health checks (with their model list) and load polls run on their own
+/// tickers; in turns they share one pooled connection to the engine
+/// instead of opening a second whenever they meet (at 1,000 engines that
+/// was 1,000 more idle sockets and their buffers).
+#[tokio::test]
+async fn health_checks_and_load_polls_share_one_connection() {
+    // Polls every 500 ms and a health round of ~400 ms (its model list is
+    // slow) every second: most rounds overlap a poll, which waits for the
+    // turn (a poll waits at most one interval, 100 ms to spare).
+    let (engine, router) = slow_models_engine(400, 500).await;
     // Five health rounds: the chance that none meets a poll is ~0.03 %.
     tokio::time::sleep(Duration::from_millis(5200)).await;
     let entry = router.worker(&engine.url).await;
@@ -193,26 +202,7 @@ async fn health_checks_and_load_polls_share_one_connection() {
 /// at most one interval, so one slow engine never stalls the poll round.
 #[tokio::test]
 async fn a_slow_health_check_does_not_hold_up_the_polls() {
-    let engine = FakeEngine::start().await;
-    *engine.state.metrics.lock().await = VLLM.to_string();
-    *engine.state.models.lock().await = vec!["m".into()];
-    engine
-        .state
-        .models_delay_ms
-        .store(3000, std::sync::atomic::Ordering::SeqCst);
-    let mut args = args(&[&engine.url], "vllm");
-    let interval = args
-        .iter()
-        .position(|a| a == "--health-check-interval-secs")
-        .unwrap();
-    args[interval + 1] = "1".into();
-    let router = Router::start(&args).await;
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            snapshot_of(&router, &engine.url).await.is_some()
-        })
-        .await
-    );
+    let (engine, router) = slow_models_engine(3000, 100).await;
     // 2.5 s inside health rounds that each hold the turn for 3 s.
     let mut oldest = 0;
     for _ in 0..10 {
