@@ -72,11 +72,17 @@ fn events_on(policy: &PrecisePrefixPolicy, workers: &[Arc<Worker>]) {
     }
 }
 
+/// The policy and `n` idle workers, each with a trusted, empty stream.
+fn idle_with_events(n: usize) -> (PrecisePrefixPolicy, Vec<Arc<Worker>>) {
+    let p = policy();
+    let workers = idle_workers(n);
+    events_on(&p, &workers);
+    (p, workers)
+}
+
 #[test]
 fn the_worker_caching_the_longest_prefix_wins() {
-    let p = policy();
-    let workers = idle_workers(4);
-    events_on(&p, &workers);
+    let (p, workers) = idle_with_events(4);
     let text = prompt("a");
     engine_caches(&p, &workers[1], &text, 10);
     engine_caches(&p, &workers[2], &text, 40);
@@ -86,9 +92,7 @@ fn the_worker_caching_the_longest_prefix_wins() {
 
 #[test]
 fn a_busy_cache_holder_loses_to_the_bound() {
-    let p = policy();
-    let workers = idle_workers(4);
-    events_on(&p, &workers);
+    let (p, workers) = idle_with_events(4);
     let text = prompt("b");
     engine_caches(&p, &workers[2], &text, 40);
     // Worker 2 is far above the mean wait: the guard keeps the prefix off it.
@@ -176,9 +180,7 @@ fn prompts_sharing_only_a_common_start_spread_over_the_engines_caching_it() {
     // equally idle: different prompts go to different engines (a burst
     // through several replicas does not herd onto one lowest score), and
     // each prompt to the same one every time it is asked.
-    let p = policy();
-    let workers = idle_workers(4);
-    events_on(&p, &workers);
+    let (p, workers) = idle_with_events(4);
     let shared = prompt("shared");
     for w in &workers {
         engine_caches(&p, w, &shared, 20);
@@ -228,9 +230,7 @@ fn an_idle_engine_takes_a_request_that_would_start_sooner_there() {
     // Workers 0 and 1 cache the prompt and each runs a request; worker 2
     // is idle and caches nothing. The cache weight alone would keep the
     // prompt on a holder whatever its queue (both are inside the guard).
-    let p = policy();
-    let workers = idle_workers(3);
-    events_on(&p, &workers);
+    let (p, workers) = idle_with_events(3);
     let text = prompt("f");
     let request = crate::policy::testkit::text(&text);
     let held = holders_running_one(&p, &workers[..2], &text);
@@ -251,9 +251,7 @@ fn prompts_leaving_busy_holders_spread_over_the_idle_engines() {
     // 2, 3 and 4 are idle and cold. Every prompt starting with the prefix
     // leaves the holders for an idle engine, the same one each time it is
     // asked, and different prompts do not all take the same idle engine.
-    let p = policy();
-    let workers = idle_workers(5);
-    events_on(&p, &workers);
+    let (p, workers) = idle_with_events(5);
     let shared = prompt("g");
     let held = holders_running_one(&p, &workers[..2], &shared);
     queue_ten_seconds(&workers[..2]);
