@@ -158,6 +158,11 @@ pub struct MeshConfig {
     /// can stand in for a replica of a build that hashes differently.
     #[cfg(feature = "testsuite")]
     pub ownership_hash_version: u32,
+    /// Test hook: `false` makes this node neither say nor take packed slot
+    /// changes, as a build from before them (a mixed-version test, and the
+    /// scale bench's whole-value side).
+    #[cfg(feature = "testsuite")]
+    pub speaks_packed: bool,
 }
 
 impl std::fmt::Debug for MeshConfig {
@@ -243,6 +248,8 @@ impl MeshConfig {
             tap: None,
             #[cfg(feature = "testsuite")]
             ownership_hash_version: crate::ownership::OWNERSHIP_HASH_VERSION,
+            #[cfg(feature = "testsuite")]
+            speaks_packed: true,
             #[cfg(feature = "testsuite")]
             allow_unnamed_certificate: false,
             #[cfg(feature = "testsuite")]

@@ -110,6 +110,9 @@ pub(crate) struct Core {
     pub(crate) worker_set: SharedWorkerSet,
     /// What the peers were told, and the rounds every link sends.
     pub(crate) outbox: Outbox,
+    /// Says, and reads, packed slot changes (false only as a test's
+    /// stand-in for an older build).
+    pub(crate) speaks_packed: bool,
     /// Prompt keys seen here for the first time, for the next round, and
     /// where the peers' go.
     pub(crate) sightings: Arc<SightingExchange>,
@@ -166,6 +169,7 @@ impl Core {
             changes,
             worker_set,
             outbox: Outbox::new(refresh_every),
+            speaks_packed: true,
             sightings: Arc::default(),
             objects: Arc::default(),
         }

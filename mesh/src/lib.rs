@@ -23,6 +23,7 @@ mod bell;
 mod config;
 mod core;
 mod gossip_transport;
+mod heard;
 mod hints;
 mod housekeeping;
 pub mod identity;

@@ -227,6 +227,7 @@ impl Mesh {
         {
             core.tap = config.tap.clone();
             core.ownership_hash = config.ownership_hash_version;
+            core.speaks_packed = config.speaks_packed;
         }
         let core = Arc::new(core);
         let endpoint = endpoint(&config, tls)?;

@@ -9,6 +9,7 @@
 //! once.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use quinn::{Connection, SendStream};
@@ -66,17 +67,24 @@ async fn send_transcript(core: &Core, stream: &mut SendStream) -> Result<u64, St
     Ok(copy.upto)
 }
 
-/// Writes `round` unless the transcript copy already covered it.
+/// Writes `round` unless the transcript copy already covered it, in the
+/// form the peer reads. Returns false if the round lacks that form (the
+/// link then resyncs from a transcript copy).
 async fn send_round(
     core: &Core,
     stream: &mut SendStream,
     round: &Round,
     upto: u64,
-) -> Result<(), StreamError> {
-    if round.seq > upto {
-        write_all(core, stream, &round.frames, round.set_bytes).await?;
+    peer_packs: bool,
+) -> Result<bool, StreamError> {
+    if round.seq <= upto {
+        return Ok(true);
     }
-    Ok(())
+    let Some(frames) = round.frames_for(peer_packs) else {
+        return Ok(false);
+    };
+    write_all(core, stream, frames, round.set_bytes).await?;
+    Ok(true)
 }
 
 /// Pushes the node's rounds, and the worker-set repairs the session hands
@@ -89,17 +97,30 @@ pub(crate) async fn push(
     stream: &mut SendStream,
     mut repairs: mpsc::Receiver<Encoded>,
     mut stop: watch::Receiver<bool>,
+    peer_packs: &AtomicBool,
 ) -> Result<(), StreamError> {
+    // Counted as needing whole values before subscribing, so every round
+    // this link is fed has them until its peer says it packs.
+    let mut whole = core.outbox.whole_link();
     // Subscribed before the copy: no round between the two is missed.
     let mut rounds = core.outbox.subscribe();
     let mut upto = send_transcript(core, stream).await?;
     let mut wire = WireMeter::default();
+    let packs = |whole: &mut crate::outbox::WholeLink<'_>| {
+        let packs = peer_packs.load(Ordering::Acquire);
+        if packs {
+            whole.release();
+        }
+        packs
+    };
     loop {
         if *stop.borrow() {
             // Last changes first, then the goodbye.
             core.outbox.round(core)?;
             while let Ok(round) = rounds.try_recv() {
-                send_round(core, stream, &round, upto).await?;
+                if !send_round(core, stream, &round, upto, packs(&mut whole)).await? {
+                    upto = send_transcript(core, stream).await?;
+                }
             }
             let bytes = write_frame(stream, &Frame::Bye).await?;
             core.telemetry.frames_sent(1, bytes);
@@ -110,7 +131,12 @@ pub(crate) async fn push(
         tokio::select! {
             next = rounds.recv() => match next {
                 Ok(round) => {
-                    send_round(core, stream, &round, upto).await?;
+                    if !send_round(core, stream, &round, upto, packs(&mut whole)).await? {
+                        // Built before this link counted (cannot happen:
+                        // see `whole_link`); the copy puts it right.
+                        core.telemetry.link_resync();
+                        upto = send_transcript(core, stream).await?;
+                    }
                     wire.record(core, conn);
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -21,10 +22,11 @@ use tokio::sync::mpsc;
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
 use shoal_proto::frames::{
-    Frame, Hello, MAX_OBJECTS_PER_FRAME, MAX_SIGHTINGS_PER_FRAME, WorkerDigestFrame,
+    Frame, Hello, MAX_OBJECTS_PER_FRAME, MAX_SIGHTINGS_PER_FRAME, Speaks, Update, WorkerDigestFrame,
 };
 
 use crate::core::{Core, LinkInfo};
+use crate::heard::Heard;
 use crate::identity::{Incarnation, valid_node_name};
 use crate::push::{LinkTimings, push};
 use crate::timings::{DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, HELLO_TIMEOUT};
@@ -122,6 +124,15 @@ async fn handshake(
         .await
         .map_err(|_| "no_hello")?;
     core.telemetry.frames_sent(1, bytes);
+    if core.speaks_packed {
+        let speaks = Frame::Speaks(Speaks {
+            features: Speaks::PACKED_SLOTS,
+        });
+        let bytes = write_frame(&mut send, &speaks)
+            .await
+            .map_err(|_| "no_hello")?;
+        core.telemetry.frames_sent(1, bytes);
+    }
     let read = async {
         let mut recv = conn.accept_uni().await.ok()?;
         match read_frame(&mut recv).await {
@@ -180,13 +191,15 @@ async fn session(core: &Core, conn: &Connection, dialed: Option<&str>) {
         tx: repair_tx,
         last: None,
     };
+    // Set when the peer says it reads packed updates (see `slot_pack`).
+    let peer_packs = AtomicBool::new(false);
     tokio::select! {
-        result = push(core, conn, &mut send, repair_rx, shutdown) => {
+        result = push(core, conn, &mut send, repair_rx, shutdown, &peer_packs) => {
             if let Err(e) = result {
                 tracing::debug!(peer = %peer, error = %e, "mesh push ended");
             }
         }
-        () = receive(core, conn, &peer, &mut recv, &mut repairs) => {}
+        () = receive(core, conn, &peer, &mut recv, &mut repairs, &peer_packs) => {}
     }
     conn.close(0u32.into(), b"done");
     let mut tables = core.tables();
@@ -245,20 +258,45 @@ async fn receive(
     peer: &Incarnation,
     recv: &mut RecvStream,
     repairs: &mut Repairs,
+    peer_packs: &AtomicBool,
 ) {
     let mut dict: HashMap<u32, Arc<str>> = HashMap::new();
+    let mut heard = Heard::default();
+    let merge = |dict: &mut HashMap<u32, Arc<str>>, update: Update| {
+        #[cfg(feature = "testsuite")]
+        if let Some(tap) = &core.tap {
+            for update in tap.on_update(peer, update) {
+                core.apply_update(peer, dict, update);
+            }
+            return;
+        }
+        core.apply_update(peer, dict, update);
+    };
     loop {
         match read_frame(recv).await {
             Ok(Read::Frame(Frame::Update(update), bytes)) => {
                 core.telemetry.frame_received(bytes);
-                #[cfg(feature = "testsuite")]
-                if let Some(tap) = &core.tap {
-                    for update in tap.on_update(peer, update) {
-                        core.apply_update(peer, &mut dict, update);
+                heard.note(&update);
+                merge(&mut dict, update);
+            }
+            Ok(Read::Frame(Frame::Packed(packed), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                match heard.unpack(packed) {
+                    Ok(update) => {
+                        core.telemetry.packed_frame_received();
+                        merge(&mut dict, update);
                     }
-                    continue;
+                    Err(e) => {
+                        tracing::debug!(peer = %peer, error = %e, "packed mesh frame dropped");
+                        core.telemetry.dropped("bad_packed");
+                    }
                 }
-                core.apply_update(peer, &mut dict, update);
+            }
+            Ok(Read::Frame(Frame::Speaks(speaks), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                if core.speaks_packed && speaks.has(Speaks::PACKED_SLOTS) {
+                    peer_packs.store(true, Ordering::Release);
+                }
             }
             Ok(Read::Frame(Frame::Bye, bytes)) => {
                 core.telemetry.frame_received(bytes);

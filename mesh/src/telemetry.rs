@@ -4,6 +4,7 @@
 //! Metric names: `shoal_mesh_members`, `shoal_mesh_peers_connected`,
 //! `shoal_mesh_foreign_ownership_hash_peers` (gauges);
 //! `shoal_mesh_frames_sent_total`, `shoal_mesh_frames_received_total`,
+//! `shoal_mesh_packed_frames_received_total`,
 //! `shoal_mesh_frames_dropped_total{reason}`, `shoal_mesh_bytes_sent_total`,
 //! `shoal_mesh_bytes_received_total`, `shoal_mesh_gossip_bytes_sent_total`,
 //! `shoal_mesh_gossip_bytes_received_total`, `shoal_mesh_link_wire_bytes_total`,
@@ -30,6 +31,7 @@ const LAG_SAMPLES: usize = 2048;
 pub(crate) struct Telemetry {
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
+    packed_frames_received: AtomicU64,
     frames_dropped: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
@@ -50,6 +52,9 @@ pub struct TrafficStatus {
     pub frames_sent: u64,
     /// Load frames received and accepted.
     pub frames_received: u64,
+    /// Of those, frames with packed slot changes: 0 while peers exist means
+    /// none of them packs (a build from before packing, mid-rollout).
+    pub packed_frames_received: u64,
     /// Frames, connections and datagrams dropped as bad or unauthenticated.
     pub frames_dropped: u64,
     /// Load-plane payload bytes sent (frames with their length prefix).
@@ -95,6 +100,13 @@ impl Telemetry {
             .fetch_add(bytes as u64, Ordering::Relaxed);
         metrics::counter!("shoal_mesh_frames_received_total").increment(1);
         metrics::counter!("shoal_mesh_bytes_received_total").increment(bytes as u64);
+    }
+
+    /// Counts one received frame of packed slot changes (after
+    /// [`Telemetry::frame_received`]).
+    pub(crate) fn packed_frame_received(&self) {
+        self.packed_frames_received.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("shoal_mesh_packed_frames_received_total").increment(1);
     }
 
     /// Counts object pairs a peer reported (see `objects`).
@@ -195,6 +207,7 @@ impl Telemetry {
         TrafficStatus {
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
+            packed_frames_received: self.packed_frames_received.load(Ordering::Relaxed),
             frames_dropped: self.frames_dropped.load(Ordering::Relaxed),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             bytes_received: self.bytes_received.load(Ordering::Relaxed),
@@ -284,6 +297,10 @@ pub fn describe_metrics() {
     describe_counter!(
         "shoal_mesh_frames_received_total",
         "Load-plane frames received and accepted."
+    );
+    describe_counter!(
+        "shoal_mesh_packed_frames_received_total",
+        "Load-plane frames received with packed slot changes."
     );
     describe_counter!(
         "shoal_mesh_frames_dropped_total",

@@ -70,6 +70,48 @@ pub enum Frame {
     /// keeps the session). Lets any replica route a request about an
     /// object to the engine that holds it.
     Objects(ObjectsFrame),
+    /// What the sender's receiving side reads beyond wire version 2
+    /// (appended after `Objects`, the same way: an older build drops it,
+    /// counted, and keeps the session). Sent once, right after `Hello`; a
+    /// peer that never sends it is sent only the frames every version-2
+    /// build reads.
+    Speaks(Speaks),
+    /// Slot changes packed field by field against what the same stream
+    /// said before (appended last; sent only to a peer whose [`Speaks`]
+    /// names [`Speaks::PACKED_SLOTS`]). See [`crate::slot_pack`].
+    Packed(PackedUpdate),
+}
+
+/// Optional parts of the protocol the sender reads, as bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Speaks {
+    /// Bits of the features; a receiver ignores bits it does not know.
+    pub features: u64,
+}
+
+impl Speaks {
+    /// Reads [`Frame::Packed`].
+    pub const PACKED_SLOTS: u64 = 1;
+
+    /// True if every bit of `feature` is set.
+    pub fn has(&self, feature: u64) -> bool {
+        self.features & feature == feature
+    }
+}
+
+/// An [`Update`] whose slots and bases travel as packed changes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PackedUpdate {
+    /// As [`Update::round`].
+    pub round: u64,
+    /// As [`Update::prev_read_at_unix_us`].
+    pub prev_read_at_unix_us: u64,
+    /// Worker ids defined by this frame.
+    pub keys: Vec<KeyDef>,
+    /// The changed slots and bases, packed by [`crate::slot_pack::pack`].
+    pub slots: Vec<u8>,
+    /// As [`Update::snapshots`].
+    pub snapshots: Vec<SnapshotEntry>,
 }
 
 /// Most entries one [`ObjectsFrame`] carries; a receiver drops, counted, a
@@ -528,6 +570,28 @@ mod tests {
             encode(&full).unwrap().len() < MAX_FRAME_BYTES,
             "a full frame of the longest entries fits"
         );
+    }
+
+    /// The capability and packed variants, appended after the objects:
+    /// variants 7 and 8. The older variants keep their bytes (above).
+    #[test]
+    fn the_speaks_and_packed_variants_are_appended_last() {
+        let speaks = Frame::Speaks(Speaks {
+            features: Speaks::PACKED_SLOTS,
+        });
+        assert_eq!(encode(&speaks).unwrap(), [2, 7, 1]);
+        assert_eq!(decode(&[2, 7, 1]).unwrap(), speaks);
+        // Round 7, no read time, no keys, two packed bytes, no snapshots:
+        // a byte vector is its length and its bytes.
+        let packed = Frame::Packed(PackedUpdate {
+            round: 7,
+            prev_read_at_unix_us: 0,
+            keys: vec![],
+            slots: vec![0, 0x04],
+            snapshots: vec![],
+        });
+        assert_eq!(encode(&packed).unwrap(), [2, 8, 7, 0, 0, 2, 0, 0x04, 0]);
+        assert_eq!(decode(&[2, 8, 7, 0, 0, 2, 0, 0x04, 0]).unwrap(), packed);
     }
 
     #[test]

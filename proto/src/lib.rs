@@ -9,6 +9,7 @@ pub mod figures;
 pub mod frame_size;
 pub mod frames;
 pub mod load;
+pub mod slot_pack;
 
 pub use counts::LoadCounts;
 pub use figures::LoadFigures;

@@ -16,7 +16,9 @@
 //! Run: `cargo bench -p shoal-mesh --bench scale -- [--replicas 4,16,32,64]
 //! [--workers 100,1000] [--rate 200] [--poll-ms 1000] [--secs 10]
 //! [--warmup-secs 4] [--observers 8] [--sync-ms N] [--gap-ms N]
-//! [--anti-entropy-ms N] [--out FILE.json] [--plot FILE.svg]`; `--quick`
+//! [--anti-entropy-ms N] [--whole-values] [--out FILE.json] [--plot FILE.svg]`;
+//! `--whole-values` sends slot changes as whole values, as builds before
+//! packed changes did (see `shoal_proto::slot_pack`); `--quick`
 //! is the CI sanity run (4 replicas × 100 workers, 3 s; asserts every
 //! probe was seen and the killed replica left every view).
 
@@ -68,6 +70,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
             gap_ms: None,
             max_push_rate: None,
             anti_entropy_ms: None,
+            whole_values: false,
         },
         quick: false,
         refit: Vec::new(),
@@ -94,6 +97,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
                 a.base.max_push_rate = Some(num(value(), "--max-push-rate") as u32)
             }
             "--anti-entropy-ms" => a.base.anti_entropy_ms = Some(num(value(), "--anti-entropy-ms")),
+            "--whole-values" => a.base.whole_values = true,
             "--out" => a.out = Some(value()),
             "--plot" => a.plot = Some(value()),
             "--quick" => a.quick = true,
@@ -145,8 +149,15 @@ fn main() {
         return;
     }
     println!(
-        "mesh scale: {} bookings/s per replica, a snapshot per owned worker every {} ms, {} s windows, one process per replica",
-        args.base.rate, args.base.poll_ms, args.base.secs
+        "mesh scale: {} bookings/s per replica, a snapshot per owned worker every {} ms, {} s windows, one process per replica, slot changes {}",
+        args.base.rate,
+        args.base.poll_ms,
+        args.base.secs,
+        if args.base.whole_values {
+            "as whole values"
+        } else {
+            "packed"
+        }
     );
     report::header();
     let mut outcomes = Vec::new();

@@ -36,6 +36,10 @@ pub struct Settings {
     pub gap_ms: Option<u64>,
     pub max_push_rate: Option<u32>,
     pub anti_entropy_ms: Option<u64>,
+    /// Whole-value slot updates only, as before packing (`--whole-values`),
+    /// to measure both in one run.
+    #[serde(default)]
+    pub whole_values: bool,
 }
 
 /// One child's orders.
@@ -101,6 +105,7 @@ fn config(spec: &Spec) -> MeshConfig {
     if let Some(ms) = s.anti_entropy_ms {
         c.anti_entropy_interval = Duration::from_millis(ms);
     }
+    c.speaks_packed = !s.whole_values;
     c
 }
 

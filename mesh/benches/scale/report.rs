@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use crate::fleet::Outcome;
+use shoal_mesh::DEFAULT_MAX_PUSH_RATE;
 
 pub fn header() {
     println!(
@@ -170,6 +171,34 @@ pub fn fits(outcomes: &[Outcome]) {
                     "  W={w}: {name} bytes/s per replica ≈ (R−1) × ({per_booking:.1} B × rate + {per_poll:.1} B × W/R/poll_s + {per_link:.0} B/s)  \
                      → R=64, 200/s, 1 s polls: {:.2} MB/s",
                     at(64.0, 200.0)
+                );
+            }
+            // The same with the frames each link carries as a term of its
+            // own: a frame's header (and, on the wire, its packet's) is
+            // paid per push, and the push gap caps pushes per link at
+            // max_push_rate / (R−1) — which the law above, fitted where
+            // the gap is its 4 ms floor, charges to every booking instead.
+            let pts: Vec<([f64; 4], f64)> = used
+                .iter()
+                .filter(|o| o.workers == w)
+                .map(|o| {
+                    let links = (o.replicas - 1) as f64;
+                    let polls = w as f64 / o.replicas as f64 * 1000.0 / o.poll_ms.max(1) as f64;
+                    let frames = o.frames_per_sec / links;
+                    ([o.rate as f64, polls, frames, 1.0], field(o) / links)
+                })
+                .collect();
+            if let Some([per_booking, per_poll, per_frame, per_link]) = least_squares(&pts) {
+                let frames_at_64 = f64::from(DEFAULT_MAX_PUSH_RATE) / 63.0;
+                let at = (per_booking * 200.0
+                    + per_poll * w as f64 / 64.0
+                    + per_frame * frames_at_64
+                    + per_link)
+                    * 63.0
+                    / 1e6;
+                println!(
+                    "  W={w}: {name} bytes/s per link ≈ {per_booking:.1} B × rate + {per_poll:.1} B × W/R/poll_s + {per_frame:.1} B × frames/s + {per_link:.0} B/s  \
+                     → R=64, 200/s, 1 s polls, {frames_at_64:.1} frames/s a link (the push gap's cap): {at:.2} MB/s"
                 );
             }
         }

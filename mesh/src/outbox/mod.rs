@@ -25,18 +25,25 @@
 //! leaves that peer where every other one is. (A copy of the *current*
 //! values would not: a value that changed and changed back between two
 //! rounds would reach one peer and never be corrected.)
+//!
+//! A round's slots go out packed: per worker, only the fields that differ
+//! from the transcript (see `shoal_proto::slot_pack`; the receiver's
+//! `heard` holds what its stream said). The transcript copy is always
+//! whole values, and while any link's peer has not said it reads packed
+//! updates (a build from before them, or a link whose peer has not
+//! spoken yet) each round is also encoded whole for it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shoal_proto::LoadCounts;
-use shoal_proto::frame_size::{EncodedLenBound, FRAME_TARGET_BYTES};
-use shoal_proto::frames::{
-    BasisEntry, Frame, FrameError, KeyDef, SlotEntry, SnapshotEntry, Update, WorkerSetEntry,
-    encode_prefixed,
-};
+use shoal_proto::frames::{FrameError, WorkerSetEntry};
 use tokio::sync::broadcast;
+
+mod batch;
+
+use batch::{Batch, emit_changes};
 
 use crate::core::Core;
 use crate::identity::unix_micros;
@@ -149,10 +156,29 @@ const REFRESH_MIN_BATCH: usize = 32;
 pub(crate) struct Round {
     /// Sequence number (every round, with entries or not, takes one).
     pub(crate) seq: u64,
-    /// Length-prefixed frames, encoded once.
+    /// Length-prefixed frames, encoded once, slot changes packed.
     pub(crate) frames: Vec<Vec<u8>>,
+    /// The same round with whole-value updates, for links whose peer has
+    /// not said it reads packed ones; built only while such a link is up.
+    /// `None` with `packed` false: `frames` serve every link.
+    pub(crate) legacy: Option<Vec<Vec<u8>>>,
+    /// `frames` hold a packed update.
+    pub(crate) packed: bool,
     /// Bytes of those that are worker-set frames (for the byte counter).
     pub(crate) set_bytes: usize,
+}
+
+impl Round {
+    /// The frames a link sends: packed if its peer reads them. `None` if
+    /// the round was built without the whole-value form that link needs
+    /// (it then resyncs from a transcript copy).
+    pub(crate) fn frames_for(&self, peer_packs: bool) -> Option<&[Vec<u8>]> {
+        if peer_packs || !self.packed {
+            Some(&self.frames)
+        } else {
+            self.legacy.as_deref()
+        }
+    }
 }
 
 /// What a new (or resynced) link is sent first.
@@ -168,105 +194,15 @@ pub(crate) struct TranscriptCopy {
 
 /// A round's frames before they are sent.
 struct Encoded {
+    /// Packed updates, then the rest.
     frames: Vec<Vec<u8>>,
+    /// Whole-value updates, then the rest, if asked for.
+    legacy: Option<Vec<Vec<u8>>>,
+    packed: bool,
     set_bytes: usize,
     /// The wire round of its updates, if it has any.
     round: Option<u64>,
     digest_sent: bool,
-}
-
-/// Update frames being filled, split by the entries' encoded size (see
-/// `shoal_proto::frame_size`): a worker's entries stay in one frame, so a
-/// key definition always travels with, or before, the entries using it.
-#[derive(Default)]
-struct Batch {
-    done: Vec<Update>,
-    cur: Update,
-    /// Bound of the bytes of `cur`'s entries.
-    cur_bytes: usize,
-}
-
-impl Batch {
-    fn key(&mut self, def: KeyDef) {
-        self.cur_bytes += def.encoded_len_bound();
-        self.cur.keys.push(def);
-    }
-
-    fn slot(&mut self, slot: SlotEntry) {
-        self.cur_bytes += slot.encoded_len_bound();
-        self.cur.slots.push(slot);
-    }
-
-    fn basis(&mut self, basis: BasisEntry) {
-        self.cur_bytes += basis.encoded_len_bound();
-        self.cur.bases.push(basis);
-    }
-
-    fn snapshot(&mut self, snapshot: SnapshotEntry) {
-        self.cur_bytes += snapshot.encoded_len_bound();
-        self.cur.snapshots.push(snapshot);
-    }
-
-    /// One worker's entries are in: start a new frame if this one is full.
-    fn entry_done(&mut self) {
-        if self.cur_bytes >= FRAME_TARGET_BYTES {
-            self.done.push(std::mem::take(&mut self.cur));
-            self.cur_bytes = 0;
-        }
-    }
-
-    /// Every entry of `told` for `entry` (a transcript copy or a refresh).
-    fn all_of(&mut self, entry: &WorkerEntry, told: &Told) {
-        self.key(KeyDef {
-            id: entry.id,
-            key: entry.key.to_string(),
-            polled: told.polled,
-        });
-        if let Some(counts) = told.slot {
-            self.slot(SlotEntry {
-                id: entry.id,
-                counts,
-            });
-            if told.basis_ms > 0 {
-                self.basis(BasisEntry {
-                    id: entry.id,
-                    polled_at_unix_ms: told.basis_ms,
-                });
-            }
-        }
-        if let Some((_, s)) = told.snapshot {
-            self.snapshot(snapshot_entry(entry.id, &s));
-        }
-        self.entry_done();
-    }
-
-    /// Stamps the frames with `round` and encodes them.
-    fn encode(mut self, round: u64, prev_read_us: u64) -> Result<Vec<Vec<u8>>, FrameError> {
-        if !self.cur.is_empty() {
-            self.done.push(self.cur);
-        }
-        self.done
-            .into_iter()
-            .map(|mut update| {
-                update.round = round;
-                update.prev_read_at_unix_us = prev_read_us;
-                encode_prefixed(&Frame::Update(update))
-            })
-            .collect()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.done.is_empty() && self.cur.is_empty()
-    }
-}
-
-fn snapshot_entry(id: u32, s: &SnapshotValue) -> SnapshotEntry {
-    SnapshotEntry {
-        id,
-        source: s.source,
-        load: s.load,
-        polled_at_unix_ms: s.claimed_polled_at_ms,
-    }
 }
 
 /// The node's transcript and its stream of rounds.
@@ -276,6 +212,9 @@ pub(crate) struct Outbox {
     rounds: broadcast::Sender<Arc<Round>>,
     /// Every transcript entry is re-sent once per this interval.
     refresh_every: Duration,
+    /// Links up whose peer has not said it reads packed updates: while
+    /// there is one, rounds are also encoded with whole values.
+    whole_links: AtomicUsize,
 }
 
 impl Outbox {
@@ -284,6 +223,19 @@ impl Outbox {
             transcript: Mutex::new(Transcript::default()),
             rounds: broadcast::channel(ROUNDS_BUFFERED).0,
             refresh_every,
+            whole_links: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts a link as needing whole-value rounds until the guard is
+    /// released (its peer said it packs) or dropped. Take it before
+    /// [`Outbox::subscribe`]: every round the link is fed is then built
+    /// with the whole-value form.
+    pub(crate) fn whole_link(&self) -> WholeLink<'_> {
+        self.whole_links.fetch_add(1, Ordering::SeqCst);
+        WholeLink {
+            outbox: self,
+            held: true,
         }
     }
 
@@ -390,15 +342,26 @@ impl Outbox {
         transcript.seq += 1;
         let seq = transcript.seq;
         let mut frames = encoded.frames;
+        let mut legacy = encoded.legacy;
         // Sightings and objects are outside the transcript (taken from their
         // queues here).
-        frames.extend(core.sightings.frames()?);
-        frames.extend(core.objects.frames()?);
+        let others: Vec<Vec<u8>> = core
+            .sightings
+            .frames()?
+            .into_iter()
+            .chain(core.objects.frames()?)
+            .collect();
+        if let Some(legacy) = &mut legacy {
+            legacy.extend(others.iter().cloned());
+        }
+        frames.extend(others);
         if !frames.is_empty() {
             // No receiver (no link up) is not an error: the transcript holds it.
             let _ = self.rounds.send(Arc::new(Round {
                 seq,
                 frames,
+                legacy,
+                packed: encoded.packed,
                 set_bytes: encoded.set_bytes,
             }));
         }
@@ -417,8 +380,10 @@ impl Outbox {
         digest_due: bool,
     ) -> Result<Encoded, FrameError> {
         let mut frames = Vec::new();
+        let mut legacy = None;
         let mut round = None;
-        if !batch.is_empty() {
+        let packed = !batch.is_empty();
+        if packed {
             let next = core.round.fetch_add(1, Ordering::Relaxed) + 1;
             // The lag histogram needs one sample in a few rounds, not
             // eight bytes in every one.
@@ -427,16 +392,23 @@ impl Outbox {
             } else {
                 0
             };
-            frames = batch.encode(next, prev_read)?;
+            let whole = self.whole_links.load(Ordering::SeqCst) > 0;
+            let forms = batch.encode_both(next, prev_read, whole)?;
+            (frames, legacy) = (forms.packed, forms.whole);
             round = Some(next);
         }
         let mut set = worker_frames::entries(own_writes)?;
         if digest_due {
             set.extend(worker_frames::digest(core.worker_set.lock().digest())?);
         }
+        if let Some(legacy) = &mut legacy {
+            legacy.extend(set.frames.iter().cloned());
+        }
         frames.extend(set.frames);
         Ok(Encoded {
             frames,
+            legacy,
+            packed,
             set_bytes: set.bytes,
             round,
             digest_sent: digest_due,
@@ -479,33 +451,25 @@ fn changes(entry: &WorkerEntry, prev: Option<&Told>) -> Option<Told> {
     (!same).then_some(next)
 }
 
-/// The entries that tell a peer holding `prev` what `next` says.
-fn emit_changes(batch: &mut Batch, entry: &WorkerEntry, prev: Option<&Told>, next: &Told) {
-    if prev.is_none_or(|p| p.polled != next.polled) {
-        batch.key(KeyDef {
-            id: entry.id,
-            key: entry.key.to_string(),
-            polled: next.polled,
-        });
+/// A link counted among those that need whole-value rounds (see
+/// [`Outbox::whole_link`]).
+#[derive(Debug)]
+pub(crate) struct WholeLink<'a> {
+    outbox: &'a Outbox,
+    held: bool,
+}
+
+impl WholeLink<'_> {
+    /// The peer reads packed updates: stop counting this link.
+    pub(crate) fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.outbox.whole_links.fetch_sub(1, Ordering::SeqCst);
+        }
     }
-    if let Some(counts) = next.slot
-        && prev.is_none_or(|p| p.slot != next.slot)
-    {
-        batch.slot(SlotEntry {
-            id: entry.id,
-            counts,
-        });
+}
+
+impl Drop for WholeLink<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
-    if next.basis_ms > 0 && prev.is_none_or(|p| p.basis_ms != next.basis_ms) {
-        batch.basis(BasisEntry {
-            id: entry.id,
-            polled_at_unix_ms: next.basis_ms,
-        });
-    }
-    if let Some((seq, s)) = next.snapshot
-        && prev.is_none_or(|p| p.snapshot.map(|x| x.0) != Some(seq))
-    {
-        batch.snapshot(snapshot_entry(entry.id, &s));
-    }
-    batch.entry_done();
 }
