@@ -12,9 +12,30 @@
 
 use std::collections::HashMap;
 
+/// Most worker ids one stream's record holds: the most keys a node takes
+/// from its peers (`worker_keys::MAX_REMOTE_KEYS`); an id past it would be
+/// refused as a key anyway. Bounds what a faulty peer can make it hold.
+const MAX_LINES: usize = crate::worker_keys::MAX_REMOTE_KEYS;
+
+/// Most changes one packed frame may carry. A sender fills frames to
+/// `FRAME_TARGET_BYTES` of whole-entry bounds (under 2,000 changes); a
+/// frame with more is refused before anything is allocated for it.
+pub(crate) const MAX_CHANGES_PER_FRAME: usize = 16_384;
+
 use shoal_proto::LoadCounts;
 use shoal_proto::frames::{BasisEntry, PackedUpdate, SlotEntry, Update};
 use shoal_proto::slot_pack::{self, BasisChange, PackError};
+
+/// Why a packed frame was not taken (it is dropped, counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnpackError {
+    /// The changes do not decode (or are more than a frame may carry).
+    #[error("{0}")]
+    Pack(#[from] PackError),
+    /// They name more worker ids than a stream's record holds.
+    #[error("packed slot changes name more worker ids than a peer may use")]
+    TooManyIds,
+}
 
 /// One id's last said values.
 #[derive(Debug, Clone, Copy, Default)]
@@ -34,18 +55,37 @@ impl Heard {
     /// transcript copy, or a sender that does not pack).
     pub(crate) fn note(&mut self, update: &Update) {
         for slot in &update.slots {
-            self.lines.entry(slot.id).or_default().counts = slot.counts;
+            if let Some(line) = self.line(slot.id) {
+                line.counts = slot.counts;
+            }
         }
         for basis in &update.bases {
-            self.lines.entry(basis.id).or_default().basis_ms = basis.polled_at_unix_ms;
+            if let Some(line) = self.line(basis.id) {
+                line.basis_ms = basis.polled_at_unix_ms;
+            }
         }
+    }
+
+    /// The line of `id`, created if there is room (see [`MAX_LINES`]).
+    fn line(&mut self, id: u32) -> Option<&mut Line> {
+        if self.lines.len() >= MAX_LINES && !self.lines.contains_key(&id) {
+            return None;
+        }
+        Some(self.lines.entry(id).or_default())
     }
 
     /// The whole values a packed update stands for, recorded. A frame that
     /// does not unpack changes nothing (it is dropped, counted; the rolling
     /// refresh re-says every field within one anti-entropy interval).
-    pub(crate) fn unpack(&mut self, packed: PackedUpdate) -> Result<Update, PackError> {
-        let changes = slot_pack::unpack(&packed.slots)?;
+    pub(crate) fn unpack(&mut self, packed: PackedUpdate) -> Result<Update, UnpackError> {
+        let changes = slot_pack::unpack_at_most(&packed.slots, MAX_CHANGES_PER_FRAME)?;
+        let new_ids = changes
+            .iter()
+            .filter(|c| !self.lines.contains_key(&c.id))
+            .count();
+        if self.lines.len() + new_ids > MAX_LINES {
+            return Err(UnpackError::TooManyIds);
+        }
         let mut slots = Vec::with_capacity(changes.len());
         let mut bases = Vec::new();
         for change in changes {
@@ -181,6 +221,18 @@ mod tests {
         let mut bad = packed(&[whole]);
         bad.slots.push(0x80);
         assert!(heard.unpack(bad).is_err());
+        // More changes than a frame may carry: refused whole.
+        let many: Vec<SlotChange> = (0..=MAX_CHANGES_PER_FRAME as u32)
+            .map(|id| SlotChange {
+                id,
+                requests: Some(1),
+                ..SlotChange::default()
+            })
+            .collect();
+        assert_eq!(
+            heard.unpack(packed(&many)),
+            Err(UnpackError::Pack(PackError::TooMany))
+        );
         let after = heard
             .unpack(packed(&[SlotChange {
                 id: 1,

@@ -78,6 +78,8 @@ pub enum PackError {
     UnknownFields(u8),
     /// An id outside `u32`.
     BadId,
+    /// More changes than the reader takes from one frame.
+    TooMany,
 }
 
 impl std::fmt::Display for PackError {
@@ -87,6 +89,7 @@ impl std::fmt::Display for PackError {
             PackError::Overlong => write!(f, "packed slot changes hold an overlong varint"),
             PackError::UnknownFields(b) => write!(f, "unknown slot field bits {b:#04x}"),
             PackError::BadId => write!(f, "packed slot change names an id outside u32"),
+            PackError::TooMany => write!(f, "more packed slot changes than a frame may carry"),
         }
     }
 }
@@ -147,11 +150,20 @@ pub fn pack(changes: &[SlotChange], out: &mut Vec<u8>) {
 }
 
 /// Reads packed changes, refusing truncated or overlong input and unknown
-/// field bits (never allocating more than one entry per input byte).
-pub fn unpack(mut bytes: &[u8]) -> Result<Vec<SlotChange>, PackError> {
-    let mut changes = Vec::with_capacity(bytes.len() / 3);
+/// field bits.
+pub fn unpack(bytes: &[u8]) -> Result<Vec<SlotChange>, PackError> {
+    unpack_at_most(bytes, usize::MAX)
+}
+
+/// [`unpack`], refusing more than `limit` changes (a change takes at least
+/// two bytes, so at most `bytes.len() / 2` are ever allocated).
+pub fn unpack_at_most(mut bytes: &[u8], limit: usize) -> Result<Vec<SlotChange>, PackError> {
+    let mut changes = Vec::with_capacity((bytes.len() / 4).min(limit).min(1024));
     let mut prev_id = 0i64;
     while !bytes.is_empty() {
+        if changes.len() == limit {
+            return Err(PackError::TooMany);
+        }
         let id = prev_id
             .checked_add(unzigzag(take_varint(&mut bytes)?))
             .ok_or(PackError::BadId)?;
@@ -311,5 +323,10 @@ mod tests {
         put_varint(&mut big, zigzag(i64::from(u32::MAX) + 1));
         big.push(0);
         assert_eq!(unpack(&big), Err(PackError::BadId));
+        // Three changes read with a limit of two.
+        let mut three = Vec::new();
+        pack(&[change(1), change(2), change(3)], &mut three);
+        assert_eq!(unpack_at_most(&three, 2), Err(PackError::TooMany));
+        assert_eq!(unpack_at_most(&three, 3).unwrap().len(), 3);
     }
 }

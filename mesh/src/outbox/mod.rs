@@ -317,8 +317,23 @@ impl Outbox {
         let digest_since = *transcript.digest_since.get_or_insert(now);
         let digest_due = now.saturating_duration_since(digest_since) >= self.refresh_every;
         let own_writes = core.worker_set.lock().take_own_changes();
-        let encoded = self.encode_round(core, &transcript, batch, &own_writes, digest_due);
-        let encoded = match encoded {
+        // Sightings and objects are outside the transcript (taken from their
+        // queues here), encoded before the transcript records the round: a
+        // failure then leaves nothing recorded as said that no peer was
+        // sent (packed changes lean on the transcript being what peers
+        // heard).
+        let encoded = self
+            .encode_round(core, &transcript, batch, &own_writes, digest_due)
+            .and_then(|encoded| {
+                let others: Vec<Vec<u8>> = core
+                    .sightings
+                    .frames()?
+                    .into_iter()
+                    .chain(core.objects.frames()?)
+                    .collect();
+                Ok((encoded, others))
+            });
+        let (encoded, others) = match encoded {
             Ok(encoded) => encoded,
             Err(e) => {
                 for (entry, _) in &told_now {
@@ -343,14 +358,6 @@ impl Outbox {
         let seq = transcript.seq;
         let mut frames = encoded.frames;
         let mut legacy = encoded.legacy;
-        // Sightings and objects are outside the transcript (taken from their
-        // queues here).
-        let others: Vec<Vec<u8>> = core
-            .sightings
-            .frames()?
-            .into_iter()
-            .chain(core.objects.frames()?)
-            .collect();
         if let Some(legacy) = &mut legacy {
             legacy.extend(others.iter().cloned());
         }
