@@ -154,14 +154,25 @@ pub fn fits(outcomes: &[Outcome]) {
     ];
     for w in ws {
         for (name, field) in bytes {
-            let pts: Vec<([f64; 3], f64)> = used
+            // Per run: its bookings/s, snapshots polled per s, frames per
+            // link per s, and the bytes per link per s.
+            let runs: Vec<[f64; 4]> = used
                 .iter()
                 .filter(|o| o.workers == w)
                 .map(|o| {
                     let links = (o.replicas - 1) as f64;
                     let polls = w as f64 / o.replicas as f64 * 1000.0 / o.poll_ms.max(1) as f64;
-                    ([o.rate as f64, polls, 1.0], field(o) / links)
+                    [
+                        o.rate as f64,
+                        polls,
+                        o.frames_per_sec / links,
+                        field(o) / links,
+                    ]
                 })
+                .collect();
+            let pts: Vec<([f64; 3], f64)> = runs
+                .iter()
+                .map(|&[rate, polls, _, bytes]| ([rate, polls, 1.0], bytes))
                 .collect();
             if let Some([per_booking, per_poll, per_link]) = least_squares(&pts) {
                 let at = |r: f64, rate: f64| {
@@ -178,15 +189,9 @@ pub fn fits(outcomes: &[Outcome]) {
             // paid per push, and the push gap caps pushes per link at
             // max_push_rate / (R−1) — which the law above, fitted where
             // the gap is its 4 ms floor, charges to every booking instead.
-            let pts: Vec<([f64; 4], f64)> = used
+            let pts: Vec<([f64; 4], f64)> = runs
                 .iter()
-                .filter(|o| o.workers == w)
-                .map(|o| {
-                    let links = (o.replicas - 1) as f64;
-                    let polls = w as f64 / o.replicas as f64 * 1000.0 / o.poll_ms.max(1) as f64;
-                    let frames = o.frames_per_sec / links;
-                    ([o.rate as f64, polls, frames, 1.0], field(o) / links)
-                })
+                .map(|&[rate, polls, frames, bytes]| ([rate, polls, frames, 1.0], bytes))
                 .collect();
             if let Some([per_booking, per_poll, per_frame, per_link]) = least_squares(&pts) {
                 let frames_at_64 = f64::from(DEFAULT_MAX_PUSH_RATE) / 63.0;
