@@ -12,6 +12,10 @@
 
 use std::collections::HashMap;
 
+use shoal_proto::LoadCounts;
+use shoal_proto::frames::{BasisEntry, PackedUpdate, SlotEntry, Update};
+use shoal_proto::slot_pack::{self, BasisChange, PackError};
+
 /// Most worker ids one stream's record holds: the most keys a node takes
 /// from its peers (`worker_keys::MAX_REMOTE_KEYS`); an id past it would be
 /// refused as a key anyway. Bounds what a faulty peer can make it hold.
@@ -21,10 +25,6 @@ const MAX_LINES: usize = crate::worker_keys::MAX_REMOTE_KEYS;
 /// `FRAME_TARGET_BYTES` of whole-entry bounds (under 2,000 changes); a
 /// frame with more is refused before anything is allocated for it.
 pub(crate) const MAX_CHANGES_PER_FRAME: usize = 16_384;
-
-use shoal_proto::LoadCounts;
-use shoal_proto::frames::{BasisEntry, PackedUpdate, SlotEntry, Update};
-use shoal_proto::slot_pack::{self, BasisChange, PackError};
 
 /// Why a packed frame was not taken (it is dropped, counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
