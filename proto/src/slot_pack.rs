@@ -67,6 +67,17 @@ pub struct SlotChange {
     pub basis: BasisChange,
 }
 
+impl SlotChange {
+    /// True when it says nothing beyond its id (nothing to send).
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_none()
+            && self.tokens.is_none()
+            && self.pending_prefill.is_none()
+            && self.dispatched_since_poll.is_none()
+            && self.basis == BasisChange::Same
+    }
+}
+
 /// Why packed changes could not be read (the frame is dropped, counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackError {
@@ -297,6 +308,9 @@ mod tests {
         assert!(out.len() <= changes.len() * PACKED_CHANGE_MAX_BYTES);
         assert_eq!(unpack(&out).unwrap(), changes);
         assert_eq!(unpack(&[]).unwrap(), []);
+        assert!(change(7).is_empty());
+        assert!(changes[1].is_empty());
+        assert!(!changes[0].is_empty() && !changes[2].is_empty());
     }
 
     #[test]

@@ -222,12 +222,7 @@ pub(super) fn emit_changes(
             BasisChange::Absolute(next.basis_ms)
         };
     }
-    if change
-        != (SlotChange {
-            id: entry.id,
-            ..SlotChange::default()
-        })
-    {
+    if !change.is_empty() {
         batch.change(change);
     }
     if let Some((seq, s)) = next.snapshot
