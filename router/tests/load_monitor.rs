@@ -179,12 +179,13 @@ async fn slow_models_engine(models_delay_ms: u64, poll_ms: u64) -> (FakeEngine, 
 /// was 1,000 more idle sockets and their buffers).
 #[tokio::test]
 async fn health_checks_and_load_polls_share_one_connection() {
-    // Polls every 500 ms and a health round of ~400 ms (its model list is
+    // Polls every second and a health round of ~600 ms (its model list is
     // slow) every second: most rounds overlap a poll, which waits for the
-    // turn (a poll waits at most one interval, 100 ms to spare).
-    let (engine, router) = slow_models_engine(400, 500).await;
-    // Five health rounds: the chance that none meets a poll is ~0.03 %.
-    tokio::time::sleep(Duration::from_millis(5200)).await;
+    // turn (a poll waits at most one interval: 400 ms to spare, so a
+    // loaded CI host does not push the wait past it; with 100 ms it did).
+    let (engine, router) = slow_models_engine(600, 1000).await;
+    // Six health rounds: the chance that none meets a poll is ~0.4 %.
+    tokio::time::sleep(Duration::from_millis(6200)).await;
     let entry = router.worker(&engine.url).await;
     assert_eq!(entry["healthy"], true, "{entry}");
     assert_eq!(
