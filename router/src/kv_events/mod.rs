@@ -74,6 +74,11 @@ pub struct PromptBlocks {
     /// prompts differing only after their last full block still differ
     /// here (the policy spreads near-ties on it).
     pub whole: u64,
+    /// The tokenized text's bytes up to the end of each full block, when
+    /// Shoal's tokenizer made the ids (empty for the engine's own ids).
+    pub block_ends: Vec<u32>,
+    /// The tokenized text's length in bytes (0 with the engine's ids).
+    pub text_bytes: usize,
 }
 
 impl PromptBlocks {
@@ -85,8 +90,51 @@ impl PromptBlocks {
             hashes: Vec::new(),
             tokens: 0,
             whole: chain::text(chain::seed(None), text.as_bytes()),
+            block_ends: Vec::new(),
+            text_bytes: 0,
         }
     }
+
+    /// The part of `prompt_tokens` (the request's own estimate, the unit
+    /// of its work) that its first `depth` blocks make up, blocks of
+    /// `block_size` tokens. By bytes where Shoal tokenized the text: the
+    /// blocks' text over the whole text's, a function of the prompt and
+    /// the depth alone. Tokens counted from where this replica stopped
+    /// tokenizing would extrapolate differently on a replica whose prefix
+    /// cache held more of the prompt, and two replicas with one index
+    /// would score one request differently. With the engine's ids, the
+    /// whole prompt is known in tokens and the share is exact.
+    pub fn cached_part(&self, depth: usize, block_size: usize, prompt_tokens: u64) -> u64 {
+        let Some(last) = depth.checked_sub(1) else {
+            return 0;
+        };
+        let prompt = u128::from(prompt_tokens);
+        if let Some(&end) = self.block_ends.get(last)
+            && self.text_bytes > 0
+        {
+            let text = self.text_bytes as u128;
+            return (u128::from(end).min(text) * prompt / text) as u64;
+        }
+        let tokenized = (self.tokens as u128).max(1);
+        let cached = (depth as u128 * block_size as u128).min(tokenized);
+        (cached * prompt / tokenized) as u64
+    }
+}
+
+/// The text bytes up to the end of each of the first `blocks` blocks of
+/// `size` ids, from each id's byte length (an id past the table counts 0).
+fn byte_ends(ids: &[u32], size: usize, blocks: usize, lengths: &[u16]) -> Vec<u32> {
+    let mut end = 0u32;
+    ids.chunks_exact(size.max(1))
+        .take(blocks)
+        .map(|block| {
+            for id in block {
+                let length = lengths.get(*id as usize).copied().unwrap_or(0);
+                end = end.saturating_add(u32::from(length));
+            }
+            end
+        })
+        .collect()
 }
 
 impl KvEvents {
@@ -222,10 +270,20 @@ impl KvEvents {
             Some(text) => chain::text(seed, text.as_bytes()),
             None => chain::block(parent, &prefix.ids[hashes.len() * size..]),
         };
+        let block_ends = match self.tokenizers.token_bytes(request) {
+            Some(lengths) => byte_ends(&prefix.ids, size, hashes.len(), lengths),
+            None => Vec::new(),
+        };
         Some(PromptBlocks {
             hashes,
             tokens: prefix.estimated_tokens(),
             whole,
+            block_ends,
+            text_bytes: if request.token_ids.is_some() {
+                0
+            } else {
+                prefix.text_bytes
+            },
         })
     }
 

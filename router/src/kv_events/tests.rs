@@ -95,6 +95,55 @@ fn a_prompt_is_tokenized_only_as_deep_as_some_engine_holds_it() {
 }
 
 #[test]
+fn replicas_that_tokenized_to_different_depths_give_one_prefix_one_share() {
+    let text = long_prompt();
+    let ids = ids_of(&text);
+    let request = completion("m", &text);
+    // Two replicas with one index (an engine holds the prompt's first
+    // third); the first has seen the whole prompt before, so its prefix
+    // cache hands it every token, while the second stops tokenizing a
+    // segment past the held blocks.
+    let (seen, fresh) = (with_fixture(), with_fixture());
+    assert!(seen.tokenizers.encode(None, &text).is_some());
+    for kv in [&seen, &fresh] {
+        store(kv, &ids[..ids.len() / 3], None);
+    }
+    let deep = seen.prompt_blocks(&request).unwrap();
+    let shallow = fresh.prompt_blocks(&request).unwrap();
+    assert!(
+        deep.hashes.len() > shallow.hashes.len(),
+        "the scenario needs different depths: {} and {}",
+        deep.hashes.len(),
+        shallow.hashes.len()
+    );
+    let held = ids.len() / 3 / fresh.block_size();
+    let mut depth = IdMap::default();
+    fresh.cached_blocks(&shallow.hashes, &mut depth);
+    assert_eq!(depth.get(&7), Some(&held));
+    let size = fresh.block_size();
+    let part = |b: &PromptBlocks| b.cached_part(held, size, request.prompt_tokens);
+    assert_eq!(part(&deep), part(&shallow));
+    // About a third of the prompt, and nothing for nothing cached.
+    let third = request.prompt_tokens / 3;
+    assert!(
+        part(&deep).abs_diff(third) < third / 10,
+        "{} of {}",
+        part(&deep),
+        request.prompt_tokens
+    );
+    assert_eq!(deep.cached_part(0, size, request.prompt_tokens), 0);
+    // The engine's own ids: the share is of the ids.
+    let mut with_ids = request.clone();
+    with_ids.token_ids = Some(ids.clone().into());
+    let exact = fresh.prompt_blocks(&with_ids).unwrap();
+    assert!(exact.block_ends.is_empty());
+    assert_eq!(
+        exact.cached_part(held, size, 600),
+        (held * size * 600 / ids.len()) as u64
+    );
+}
+
+#[test]
 fn an_adapters_requests_chain_from_its_own_seed_once_its_blocks_are_seen() {
     let kv = with_fixture();
     let text = long_prompt();

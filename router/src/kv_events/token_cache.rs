@@ -107,6 +107,11 @@ impl Segmenter {
         }
     }
 
+    /// The tokenizer it wraps.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// Whether prompts are tokenized by segments through the cache.
     pub fn caches(&self) -> bool {
         self.exact

@@ -30,6 +30,7 @@ use crate::request::RequestInfo;
 pub struct Tokenizers {
     by_model: HashMap<Option<String>, Arc<Segmenter>>,
     templates: HashMap<Option<String>, Arc<ChatTemplate>>,
+    token_bytes: HashMap<Option<String>, Arc<[u16]>>,
 }
 
 impl std::fmt::Debug for Tokenizers {
@@ -59,7 +60,7 @@ impl Tokenizers {
         for (model, path) in templates {
             loaded.insert(model.clone(), Arc::new(ChatTemplate::load(path)?));
         }
-        let mut by_model = HashMap::new();
+        let (mut by_model, mut token_bytes) = (HashMap::new(), HashMap::new());
         for (model, path) in entries {
             let tokenizer = Tokenizer::from_file(path)
                 .map_err(|e| format!("--kv-tokenizer {}: {e}", path.display()))?;
@@ -71,11 +72,13 @@ impl Tokenizers {
                      tokenized whole, without the prefix cache"
                 );
             }
+            token_bytes.insert(model.clone(), byte_lengths(segmenter.tokenizer()));
             by_model.insert(model.clone(), Arc::new(segmenter));
         }
         Ok(Self {
             by_model,
             templates: loaded,
+            token_bytes,
         })
     }
 
@@ -105,6 +108,20 @@ impl Tokenizers {
     pub fn encode_request(&self, request: &RequestInfo) -> Option<Vec<u32>> {
         self.encode_request_while(request, |_| true)
             .map(|prefix| prefix.ids)
+    }
+
+    /// How many bytes of the tokenized text each token id stands for, for
+    /// the tokenizer [`Tokenizers::encode_request_while`] uses on
+    /// `request`; `None` when the ids are the engine's own (or no
+    /// tokenizer serves it). A cached prefix's share of the prompt is then
+    /// its bytes over the text's: a function of the ids alone, not of how
+    /// deep this replica happened to tokenize (which its prefix cache
+    /// decides), so every replica converts one prefix to one share.
+    pub fn token_bytes(&self, request: &RequestInfo) -> Option<&[u16]> {
+        if request.token_ids.is_some() {
+            return None;
+        }
+        for_model(&self.token_bytes, request.model.as_deref()).map(|t| &t[..])
     }
 
     /// [`Tokenizers::encode_request`] as deep as `more` wants (see
@@ -147,6 +164,20 @@ impl Tokenizers {
             }
         }
     }
+}
+
+/// Each token id's length in bytes as its own text (special tokens as
+/// written, which is how a rendered chat template carries them). A
+/// byte-level piece of a multi-byte character decodes to U+FFFD and is
+/// counted as 3 bytes, a small bias shared by every replica.
+fn byte_lengths(tokenizer: &tokenizers::Tokenizer) -> Arc<[u16]> {
+    (0..tokenizer.get_vocab_size(true) as u32)
+        .map(|id| {
+            tokenizer
+                .decode(&[id], false)
+                .map_or(0, |text| u16::try_from(text.len()).unwrap_or(u16::MAX))
+        })
+        .collect()
 }
 
 #[cfg(test)]

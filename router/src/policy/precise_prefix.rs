@@ -88,8 +88,8 @@ impl PrecisePrefixPolicy {
 
     /// Cached prefix tokens per candidate, in the unit of the request's
     /// `prompt_tokens` (least_load's work): from the index for trusted
-    /// workers (the cached share of the tokenized prompt), by prefix
-    /// affinity for the others.
+    /// workers (the cached blocks' share of the prompt,
+    /// [`PromptBlocks::cached_part`]), by prefix affinity for the others.
     fn cached_tokens(
         &self,
         candidates: &[Arc<Worker>],
@@ -106,16 +106,12 @@ impl PrecisePrefixPolicy {
             self.kv
                 .cached_and_trusted(&blocks.hashes, &ids, &mut depth, &mut trusted);
         }
-        let block_tokens = self.kv.block_size() as u128;
-        let (prompt, tokenized) = (
-            u128::from(request.prompt_tokens),
-            (blocks.tokens as u128).max(1),
-        );
+        let block_size = self.kv.block_size();
         let mut cached: Vec<u64> = ids
             .iter()
             .map(|id| {
-                let tokens = depth.get(id).map_or(0, |d| *d as u128 * block_tokens);
-                (tokens.min(tokenized) * prompt / tokenized) as u64
+                let depth = depth.get(id).copied().unwrap_or(0);
+                blocks.cached_part(depth, block_size, request.prompt_tokens)
             })
             .collect();
         let untrusted: Vec<usize> = (0..candidates.len()).filter(|&i| !trusted[i]).collect();
