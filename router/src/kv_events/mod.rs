@@ -67,8 +67,9 @@ pub struct KvEvents {
 pub struct PromptBlocks {
     /// Shoal's chained hashes of its full blocks, in order.
     pub hashes: Vec<u64>,
-    /// Its length in the tokenizer's tokens (the unit of the blocks), so a
-    /// cached prefix can be turned into a share of the prompt.
+    /// Its length in the tokenizer's tokens (the unit of the blocks):
+    /// exact for the engine's own ids, whose cached share it gives; else
+    /// extrapolated from the part tokenized (0: not tokenized).
     pub tokens: usize,
     /// A hash of all its tokens, the partial last block included: two
     /// prompts differing only after their last full block still differ
