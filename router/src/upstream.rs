@@ -1,28 +1,28 @@
-//! The HTTP client the router uses to talk to engines, and a bounded GET for
-//! the side channels (health checks, load polls, model lists).
+//! The client the router uses for side requests to engines (health
+//! checks, load polls, model lists, tokenize calls): a bounded GET or JSON
+//! POST, read whole within a deadline.
 //!
-//! The proxied requests themselves go through `engine_h1`, the proxy's own
-//! HTTP/1.1 client; this general pooled client serves the side channels.
+//! It runs on the proxy's own HTTP/1.1 client (`engine_h1`), on a pool of
+//! side connections with at most one idle connection per engine
+//! (`engine_h1::SidePool`): one pooled connection per engine, not one per
+//! purpose, and no general client's connection task and buffers beside it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
 use crate::auth::Auth;
+use crate::engine_h1::{self, Authorization, Connector, SideError, SidePool};
 
-/// Pooled HTTP/1.1 client to engines (`http://` and `https://`), sending
-/// `--worker-api-key` when one is configured.
+/// The side-request client: how to connect, the idle connections, and
+/// what `Authorization` engines get. Clones share the connections.
 #[derive(Clone)]
 pub struct HttpClient {
-    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    connector: Connector,
+    pool: Arc<SidePool>,
     /// The replica's keys (read per request: a reload may change them).
     auth: Option<Arc<ArcSwap<Auth>>>,
     /// A fixed `Authorization` (the CLI's admin key), else `auth`'s.
@@ -58,49 +58,28 @@ impl HttpClient {
             None => self.auth.as_ref()?.load().worker_header().cloned(),
         }
     }
+
+    /// Idle side connections it holds (one per engine at most).
+    pub fn idle_connections(&self) -> usize {
+        self.pool.idle_count()
+    }
 }
 
-/// Read buffer of each side connection (health checks, load polls, model
-/// lists). Fixed rather than adaptive: an idle pooled connection to every
-/// engine keeps its buffer, and hyper's adaptive one grows to the largest
-/// body it has read (tests/BENCHMARKS.md, "One `shoal` process at scale").
-const SIDE_READ_BUFFER_BYTES: usize = 4096;
-
-/// Builds a client whose connects (TLS handshake included) give up after
-/// `connect_timeout`, trusting `https://` engines as `tls` says.
+/// A side-request client: connections opened within `connect_timeout`
+/// (TLS handshake included), `https://` engines trusted by `tls`.
 pub fn build_client(connect_timeout: Duration, tls: Arc<rustls::ClientConfig>) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(false);
-    // hyper-rustls sets ALPN itself from the HTTP versions it enables.
-    let mut tls = (*tls).clone();
-    tls.alpn_protocols.clear();
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
     HttpClient {
-        inner: Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .http1_read_buf_exact_size(SIDE_READ_BUFFER_BYTES)
-            .build(https),
+        connector: Connector {
+            timeout: connect_timeout,
+            tls,
+        },
+        pool: Arc::new(SidePool::default()),
         auth: None,
         authorization: None,
     }
 }
 
-/// Joins a worker base URL (maybe with a path prefix) and a request path.
-pub fn join(base: &str, path_and_query: &str) -> Result<Uri, http::Error> {
-    let mut joined = String::with_capacity(base.len() + path_and_query.len());
-    joined.push_str(base);
-    joined.push_str(path_and_query);
-    Ok(joined.parse::<Uri>()?)
-}
-
-/// Why a side-channel GET failed.
+/// Why a side-channel request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// No answer within the deadline.
@@ -126,10 +105,17 @@ pub async fn get(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
-    let request = Request::get(join(base, path).map_err(|e| FetchError::Url(e.to_string()))?)
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| FetchError::Url(e.to_string()))?;
-    exchange(client, request, timeout, max_bytes).await
+    let headers = HeaderMap::new();
+    let body = Bytes::new();
+    exchange(
+        client,
+        (&Method::GET, base, path),
+        &headers,
+        &body,
+        timeout,
+        max_bytes,
+    )
+    .await
 }
 
 /// POSTs the JSON `body` to `base + path`, as [`get`] reads the answer.
@@ -141,47 +127,60 @@ pub async fn post_json(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
-    let request = Request::post(join(base, path).map_err(|e| FetchError::Url(e.to_string()))?)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body))
-        .map_err(|e| FetchError::Url(e.to_string()))?;
-    exchange(client, request, timeout, max_bytes).await
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    exchange(
+        client,
+        (&Method::POST, base, path),
+        &headers,
+        &body,
+        timeout,
+        max_bytes,
+    )
+    .await
 }
 
-/// Sends `request` with the client's `Authorization` and reads at most
+/// Sends one request with the client's `Authorization` and reads at most
 /// `max_bytes` of the answer, all within `timeout`.
 async fn exchange(
     client: &HttpClient,
-    mut request: Request<Full<Bytes>>,
+    (method, base, path): (&Method, &str, &str),
+    headers: &HeaderMap,
+    body: &Bytes,
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
-    if let Some(value) = client.authorization() {
-        request.headers_mut().insert(header::AUTHORIZATION, value);
+    if !path.starts_with('/') {
+        return Err(FetchError::Url(format!(
+            "path `{path}` does not start with /"
+        )));
     }
-    let exchange = async {
-        let response = client
-            .inner
-            .request(request)
-            .await
-            .map_err(|e| FetchError::Transport(error_chain(&e)))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), max_bytes)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    FetchError::TooLarge(max_bytes)
-                } else {
-                    FetchError::Transport(e.to_string())
-                }
-            })?
-            .to_bytes();
-        Ok((status, body))
+    let authorization = client.authorization();
+    let request = engine_h1::Request {
+        method,
+        path_and_query: path,
+        headers,
+        authorization: authorization
+            .as_ref()
+            .map_or(Authorization::Drop, Authorization::Set),
+        traceparent: None,
+        body,
     };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| FetchError::Timeout(timeout))?
+    let fetch = client
+        .pool
+        .fetch(base, request, &client.connector, max_bytes);
+    match tokio::time::timeout(timeout, fetch).await {
+        Err(_) => Err(FetchError::Timeout(timeout)),
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(SideError::TooLarge(max))) => Err(FetchError::TooLarge(max)),
+        Ok(Err(SideError::Engine(engine_h1::EngineError::Url(url)))) => {
+            Err(FetchError::Url(format!("bad worker URL `{url}`")))
+        }
+        Ok(Err(err)) => Err(FetchError::Transport(error_chain(&err))),
+    }
 }
 
 /// An error and its causes on one line, for logs and client messages.

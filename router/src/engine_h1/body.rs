@@ -4,9 +4,10 @@
 //! chunk's data, sliced out of the read buffer without copying) and reads
 //! more only when the buffer is spent, on the task that polls it: no
 //! connection task, no channel between them. When the last byte is handed
-//! on the connection goes back to this thread's pool at once; a body
-//! dropped before its end closes the connection, which is how the engine
-//! learns the client went away.
+//! on the connection goes back to this thread's pool at once (or, for a
+//! side request, to whoever reads the body: [`Home`]); a body dropped
+//! before its end closes the connection, which is how the engine learns
+//! the client went away.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -30,6 +31,16 @@ enum Remaining {
     UntilClose,
 }
 
+/// Where a connection goes when its response body has been read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Home {
+    /// This thread's pool (proxied requests).
+    ThreadPool,
+    /// Held by the body for its reader to take
+    /// ([`EngineBody::take_reusable`]): side requests, pooled apart.
+    Reader,
+}
+
 /// The body of one engine response.
 #[derive(Debug)]
 pub struct EngineBody {
@@ -38,12 +49,15 @@ pub struct EngineBody {
     remaining: Remaining,
     /// Whether the connection may be reused after the body.
     keep_alive: bool,
+    home: Home,
+    /// The connection after a complete body, when `home` is the reader.
+    finished: Option<Conn>,
 }
 
 impl EngineBody {
     /// The body that follows a response head on `conn` (the head already
     /// consumed from its buffer).
-    pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool) -> Self {
+    pub(super) fn new(conn: Conn, framing: Framing, keep_alive: bool, home: Home) -> Self {
         let remaining = match framing {
             Framing::Length(n) => Remaining::Length(n),
             Framing::Chunked => Remaining::Chunked(ChunkedDecoder::new()),
@@ -53,6 +67,8 @@ impl EngineBody {
             conn: Some(conn),
             remaining,
             keep_alive,
+            home,
+            finished: None,
         };
         body.finish_if_complete();
         body
@@ -73,9 +89,18 @@ impl EngineBody {
             if let Some(conn) = self.conn.take()
                 && self.keep_alive
             {
-                conn::put(conn);
+                match self.home {
+                    Home::ThreadPool => conn::put(conn),
+                    Home::Reader => self.finished = Some(conn),
+                }
             }
         }
+    }
+
+    /// The connection, once the body was read to its end and the engine
+    /// keeps it open (only for [`Home::Reader`] bodies).
+    pub(super) fn take_reusable(&mut self) -> Option<Conn> {
+        self.finished.take()
     }
 
     /// The next frame's bytes from the buffer alone: `Ok(None)` when more

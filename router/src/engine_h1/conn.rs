@@ -229,7 +229,7 @@ impl Conn {
     /// Whether an idle connection can take a request: not expired, and,
     /// when idle long enough for the engine to have closed it, no
     /// end-of-file or stray bytes waiting.
-    fn is_reusable(&self, now: Instant) -> bool {
+    pub(super) fn is_reusable(&self, now: Instant) -> bool {
         let idle = now.saturating_duration_since(self.idle_since);
         if idle >= IDLE_TIMEOUT {
             return false;
@@ -289,6 +289,20 @@ pub fn take(authority: &str) -> Option<Conn> {
         }
         None
     })
+}
+
+impl Conn {
+    /// Marks it idle from `now` (it goes back to a pool) and whether it
+    /// may be reused: nothing is left in its buffer after the response.
+    pub(super) fn idle_from(&mut self, now: Instant) -> bool {
+        self.idle_since = now;
+        self.buf.is_empty()
+    }
+
+    /// Its pool key.
+    pub(super) fn authority(&self) -> &Arc<str> {
+        &self.authority
+    }
 }
 
 /// Gives a connection whose last response was read to the end back to this

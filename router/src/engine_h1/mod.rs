@@ -11,7 +11,8 @@
 //! response head is parsed with `httparse` (hyper's own parser) and the
 //! body ([`EngineBody`]) is sliced out of the read buffer frame by frame,
 //! zero-copy. Connections are pooled per thread (`conn`). Health checks,
-//! load polls and model lists keep using `upstream`'s general client.
+//! load polls, model lists and tokenize calls go through it too, on a
+//! pool of their own shared by every thread (`side`).
 //!
 //! `https://` engines are reached over TLS (rustls, the [`Connector`]'s
 //! configuration); TLS and plain connections are pooled apart.
@@ -23,6 +24,7 @@ mod body;
 mod chunked;
 mod conn;
 mod head;
+mod side;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -35,7 +37,9 @@ use rustls::pki_types::ServerName;
 pub use body::EngineBody;
 #[cfg(test)]
 use conn::idle_count;
+pub use side::{SideError, SidePool};
 
+use body::Home;
 use conn::{Conn, ConnectError};
 use head::HeadError;
 
@@ -203,34 +207,64 @@ pub async fn send(
     request: Request<'_>,
     connector: &Connector,
 ) -> Result<Response<EngineBody>, EngineError> {
-    let target = Target::parse(base)?;
-    let mut head = Vec::with_capacity(256 + request.headers.len() * 64);
-    head::encode_request(
-        request.method,
-        target.host,
-        (target.prefix, request.path_and_query),
-        (request.headers, request.authorization, request.traceparent),
-        request.body.len(),
-        &mut head,
-    );
-    let addr = target.connect_authority();
-    // TLS and plain connections to one address never share a pool.
-    let key: Cow<'_, str> = match target.tls {
-        false => Cow::Borrowed(&addr),
-        true => Cow::Owned(format!("tls://{addr}")),
-    };
+    let wire = Wire::prepare(base, &request)?;
+    let key = wire.pool_key();
     if let Some(conn) = conn::take(&key) {
-        match exchange(conn, &head, request).await {
+        match exchange(conn, &wire.head, request, Home::ThreadPool).await {
             Err(err) if is_stale(&err) && may_resend(request.method, &err) => {}
             done => return done,
         }
     }
-    let tls = match target.tls {
-        false => None,
-        true => Some((connector.tls.clone(), target.server_name()?)),
-    };
-    let conn = Conn::connect(Arc::from(key), &addr, tls, connector.timeout).await?;
-    exchange(conn, &head, request).await
+    let conn = wire.connect(key, connector).await?;
+    exchange(conn, &wire.head, request, Home::ThreadPool).await
+}
+
+/// A request's head as it goes on the wire, and where it goes.
+struct Wire<'a> {
+    target: Target<'a>,
+    /// `host:port` to connect to.
+    addr: Cow<'a, str>,
+    /// The request head.
+    head: Vec<u8>,
+}
+
+impl<'a> Wire<'a> {
+    /// Encodes `request`'s head for the worker at `base`.
+    fn prepare(base: &'a str, request: &Request<'_>) -> Result<Self, EngineError> {
+        let target = Target::parse(base)?;
+        let mut head = Vec::with_capacity(256 + request.headers.len() * 64);
+        head::encode_request(
+            request.method,
+            target.host,
+            (target.prefix, request.path_and_query),
+            (request.headers, request.authorization, request.traceparent),
+            request.body.len(),
+            &mut head,
+        );
+        Ok(Self {
+            addr: target.connect_authority(),
+            target,
+            head,
+        })
+    }
+
+    /// The pool key of its connections: TLS and plain connections to one
+    /// address never share a pool.
+    fn pool_key(&self) -> Cow<'_, str> {
+        match self.target.tls {
+            false => Cow::Borrowed(&self.addr),
+            true => Cow::Owned(format!("tls://{}", self.addr)),
+        }
+    }
+
+    /// A new connection for it, pooled under `key`.
+    async fn connect(&self, key: Cow<'_, str>, connector: &Connector) -> Result<Conn, EngineError> {
+        let tls = match self.target.tls {
+            false => None,
+            true => Some((connector.tls.clone(), self.target.server_name()?)),
+        };
+        Ok(Conn::connect(Arc::from(key), &self.addr, tls, connector.timeout).await?)
+    }
 }
 
 /// Whether `err` is how a reused connection the engine had closed fails:
@@ -253,6 +287,7 @@ async fn exchange(
     mut conn: Conn,
     head: &[u8],
     request: Request<'_>,
+    home: Home,
 ) -> Result<Response<EngineBody>, EngineError> {
     conn.buf.clear();
     if let Err(err) = conn.write_request(head, request.body).await {
@@ -268,8 +303,8 @@ async fn exchange(
                 if parsed.status.is_informational() {
                     continue;
                 }
-                let mut response =
-                    Response::new(EngineBody::new(conn, parsed.framing, parsed.keep_alive));
+                let body = EngineBody::new(conn, parsed.framing, parsed.keep_alive, home);
+                let mut response = Response::new(body);
                 *response.status_mut() = parsed.status;
                 *response.version_mut() = parsed.version;
                 *response.headers_mut() = parsed.headers;

@@ -394,3 +394,62 @@ fn targets_split_host_and_prefix_and_default_the_port() {
     );
     assert!(Target::parse("http:///x").is_err());
 }
+
+/// A side GET of `/health` through `pool`.
+async fn side_get(pool: &SidePool, base: &str, max_bytes: usize) -> Result<String, SideError> {
+    let (headers, body) = (HeaderMap::new(), Bytes::new());
+    let request = Request {
+        method: &Method::GET,
+        path_and_query: "/health",
+        headers: &headers,
+        authorization: super::Authorization::Drop,
+        traceparent: None,
+        body: &body,
+    };
+    let (status, body) = pool.fetch(base, request, &connector(), max_bytes).await?;
+    assert_eq!(status, http::StatusCode::OK);
+    Ok(String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_requests_share_one_connection_per_engine_whatever_thread_sends_them() {
+    let (url, accepted, _requests) = engine(|_, _| Some(ok("fine"))).await;
+    let pool = Arc::new(SidePool::default());
+    for _ in 0..20 {
+        // Each request from a task of its own, so they run on both threads.
+        let (pool, url) = (pool.clone(), url.clone());
+        let answer = tokio::spawn(async move { side_get(&pool, &url, 1024).await })
+            .await
+            .unwrap();
+        assert_eq!(answer.unwrap(), "fine");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.idle_count(), 1);
+    // The proxy's per-thread pool did not get it.
+    assert_eq!(conn::idle_count(authority(&url)), 0);
+}
+
+#[tokio::test]
+async fn a_side_answer_over_its_limit_is_refused_and_its_connection_not_kept() {
+    let (url, accepted, _requests) = engine(|_, _| Some(ok("0123456789"))).await;
+    let pool = SidePool::default();
+    let refused = side_get(&pool, &url, 5).await;
+    assert!(
+        matches!(refused, Err(SideError::TooLarge(5))),
+        "{refused:?}"
+    );
+    assert_eq!(pool.idle_count(), 0);
+    assert_eq!(side_get(&pool, &url, 10).await.unwrap(), "0123456789");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_side_connection_the_engine_closed_is_replaced() {
+    // Each connection answers one request, then closes on the next.
+    let (url, accepted, _requests) = engine(|_, served| (served == 0).then(|| ok("once"))).await;
+    let pool = SidePool::default();
+    assert_eq!(side_get(&pool, &url, 64).await.unwrap(), "once");
+    assert_eq!(pool.idle_count(), 1);
+    assert_eq!(side_get(&pool, &url, 64).await.unwrap(), "once");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
