@@ -58,11 +58,6 @@ impl HttpClient {
             None => self.auth.as_ref()?.load().worker_header().cloned(),
         }
     }
-
-    /// Idle side connections it holds (one per engine at most).
-    pub fn idle_connections(&self) -> usize {
-        self.pool.idle_count()
-    }
 }
 
 /// A side-request client: connections opened within `connect_timeout`

@@ -122,8 +122,9 @@ impl SidePool {
         idle.by_engine.entry(key).or_insert(conn);
     }
 
-    /// Idle connections held (for tests and status).
-    pub fn idle_count(&self) -> usize {
+    /// Idle connections held.
+    #[cfg(test)]
+    pub(crate) fn idle_count(&self) -> usize {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.by_engine.len()
     }

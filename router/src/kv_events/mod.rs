@@ -78,7 +78,8 @@ pub struct PromptBlocks {
     /// The tokenized text's bytes up to the end of each full block, when
     /// Shoal's tokenizer made the ids (empty for the engine's own ids).
     pub block_ends: Vec<u32>,
-    /// The tokenized text's length in bytes (0 with the engine's ids).
+    /// The tokenized text's length in bytes (what `block_ends` are a
+    /// share of).
     pub text_bytes: usize,
 }
 
@@ -280,11 +281,7 @@ impl KvEvents {
             tokens: prefix.estimated_tokens(),
             whole,
             block_ends,
-            text_bytes: if request.token_ids.is_some() {
-                0
-            } else {
-                prefix.text_bytes
-            },
+            text_bytes: prefix.text_bytes,
         })
     }
 
