@@ -89,11 +89,26 @@ fn history(f: u64) -> String {
     text(1000 + f, 1500)
 }
 
+/// Now on the wall clock, µs since the Unix epoch.
+fn unix_micros() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(since.unwrap().as_micros()).unwrap()
+}
+
 async fn dry_run(setup: &Setup, replica: usize, body: &Value) -> String {
     let url = format!("{}/debug/route", setup.fleet.url(replica));
+    let asked = unix_micros();
     let answer = setup.client.post_json(&url, body).await.unwrap();
+    let answered = unix_micros();
     assert_eq!(answer.status, 200, "{}", answer.text());
     let json = answer.json().unwrap();
+    // When it chose, on the replica's clock (this host's): between the
+    // ask and the answer, so answers to one probe can be put in order.
+    let decided = json["decided_at_unix_micros"].as_u64().unwrap();
+    assert!(
+        (asked..=answered).contains(&decided),
+        "{asked} {decided} {answered}"
+    );
     // The view it chose on names every scoring input per candidate, so
     // disagreeing replicas can be told apart by what they saw.
     let loads = json["loads"].as_array().unwrap();

@@ -31,6 +31,10 @@ pub struct DryRun {
     /// or from an engine with `--kv-tokenize-on-engine`) and choose: what
     /// routing adds to a request before it is sent.
     pub route_micros: u64,
+    /// Wall-clock time of the choice, µs since the Unix epoch: answers
+    /// from several replicas asked together can be put in order, and how
+    /// far apart they chose (the fleet's load moves in between) seen.
+    pub decided_at_unix_micros: u64,
     /// For a policy routing on KV events: each candidate's cached prefix
     /// of the prompt in blocks, per this replica's index (candidates
     /// caching none are left out), so replicas' indexes can be compared
@@ -121,6 +125,13 @@ fn cached_prefixes(
         .collect()
 }
 
+/// Now, in µs since the Unix epoch (0 for a clock before it).
+fn unix_micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// `POST /debug/route` with an inference request's JSON body.
 pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = std::time::Instant::now();
@@ -154,12 +165,14 @@ pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
         return ApiError::no_workers("the policy selected no worker").into_response();
     };
     let route_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let decided_at_unix_micros = unix_micros_now();
     let loads = loads(&app, &candidates);
     Json(DryRun {
         worker: chosen.url().to_string(),
         policy: app.policy.name(),
         candidates: candidates.len(),
         route_micros,
+        decided_at_unix_micros,
         cached: cached_prefixes(&app, &candidates, &info),
         loads,
     })

@@ -144,19 +144,33 @@ pub struct Agreement {
     /// Of those, the ones the first replica sent to an engine caching the
     /// most of them.
     pub to_deepest: u64,
+    /// Requests whose answers were all chosen within [`ALIGNED_WITHIN`]
+    /// of one another (the replicas are asked at once, but one the host
+    /// schedules late chooses later, on a fleet that has moved on).
+    pub aligned: u64,
+    /// Of those, the ones every replica gave the same engine for.
+    pub aligned_agreed: u64,
+    /// The widest gap between two replicas' choices for one request, µs.
+    pub widest_spread_us: u64,
 }
+
+/// How close replicas' choices for one request must be to count as made
+/// at one instant.
+pub const ALIGNED_WITHIN: Duration = Duration::from_millis(1);
 
 impl Agreement {
     /// The line the bench prints.
     pub fn line(&self) -> String {
         let share = 100.0 * self.agreed as f64 / self.asked.max(1) as f64;
+        let aligned_share = 100.0 * self.aligned_agreed as f64 / self.aligned.max(1) as f64;
         format!(
             "    agreement: {} of {} requests ({share:.1} %) got the same engine from every replica \
              (POST /debug/route to all at once, during the load); of the {} others, {} had the \
              same cached prefixes on every replica, and their load views differed in requests in \
              flight for {}, only in poll news (a snapshot or the work since one) for {}, in \
              nothing for {}; {} of the {} requests some engine cached more of went to an engine \
-             caching the most",
+             caching the most; the replicas chose within {} ms of one another for {} of the {} \
+             (widest gap {:.1} ms), and agreed on {} of those ({aligned_share:.1} %)",
             self.agreed,
             self.asked,
             self.asked - self.agreed,
@@ -166,6 +180,11 @@ impl Agreement {
             self.same_view,
             self.to_deepest,
             self.uneven,
+            ALIGNED_WITHIN.as_millis(),
+            self.aligned,
+            self.asked,
+            self.widest_spread_us as f64 / 1e3,
+            self.aligned_agreed,
         )
     }
 }
@@ -202,11 +221,13 @@ pub async fn probe_agreement(
                 let json = answer.json().ok()?;
                 let worker = json["worker"].as_str().map(String::from)?;
                 let candidates = json["candidates"].as_u64().unwrap_or(0);
+                let decided_at = json["decided_at_unix_micros"].as_u64().unwrap_or(0);
                 Some((
                     worker,
                     cached_prefixes(&json),
                     probe_view::parse(&json),
                     candidates,
+                    decided_at,
                 ))
             }
         });
@@ -216,7 +237,12 @@ pub async fn probe_agreement(
             .collect();
         if let Some(picks) = picks {
             out.asked += 1;
-            if let Some((worker, cached, _, candidates)) = picks.first() {
+            let decided = picks.iter().map(|p| p.4);
+            let spread = decided.clone().max().unwrap_or(0) - decided.min().unwrap_or(0);
+            let aligned = u128::from(spread) <= ALIGNED_WITHIN.as_micros();
+            out.aligned += u64::from(aligned);
+            out.widest_spread_us = out.widest_spread_us.max(spread);
+            if let Some((worker, cached, _, candidates, _)) = picks.first() {
                 let depth = |w: &str| cached.iter().find(|(c, _)| c == w).map_or(0, |c| c.1);
                 let most = cached.iter().map(|c| c.1).max().unwrap_or(0);
                 let least = if (cached.len() as u64) < *candidates {
@@ -231,11 +257,12 @@ pub async fn probe_agreement(
             }
             if picks.windows(2).all(|w| w[0].0 == w[1].0) {
                 out.agreed += 1;
+                out.aligned_agreed += u64::from(aligned);
             } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
                 out.same_index += 1;
                 let views: Vec<&[CandidateView]> = picks
                     .iter()
-                    .map(|(_, _, view, _)| view.as_slice())
+                    .map(|(_, _, view, _, _)| view.as_slice())
                     .collect();
                 let differ = probe_view::difference(&views);
                 match differ {
@@ -244,14 +271,16 @@ pub async fn probe_agreement(
                     ViewDifference::Nothing => out.same_view += 1,
                 }
                 if std::env::var_os("FLEET_BENCH_LOG_DISAGREEMENTS").is_some() {
+                    let first = picks.iter().map(|p| p.4).min().unwrap_or(0);
                     eprintln!(
                         "    disagreement at {:.1} s (same index, views differ: {differ:?}):",
                         now.as_secs_f64()
                     );
-                    for (worker, _, view, _) in &picks {
+                    for (worker, _, view, _, decided_at) in &picks {
                         let view: Vec<String> = view.iter().map(|c| c.to_string()).collect();
                         eprintln!(
-                            "      picked {worker}; {VIEW_FIELDS} per engine: {}",
+                            "      +{} µs picked {worker}; {VIEW_FIELDS} per engine: {}",
+                            decided_at.saturating_sub(first),
                             view.join(" ")
                         );
                     }
@@ -263,8 +292,8 @@ pub async fn probe_agreement(
 }
 
 /// One replica's dry-run answer: the engine, the cached prefixes, its load
-/// view, and how many candidates it had.
-type Answer = (String, Vec<(String, u64)>, Vec<CandidateView>, u64);
+/// view, how many candidates it had, and when it chose (µs, Unix epoch).
+type Answer = (String, Vec<(String, u64)>, Vec<CandidateView>, u64, u64);
 
 /// A dry-run answer's cached prefixes, sorted by worker.
 fn cached_prefixes(answer: &serde_json::Value) -> Vec<(String, u64)> {
@@ -303,6 +332,9 @@ mod tests {
             same_view: 0,
             uneven: 4,
             to_deepest: 3,
+            aligned: 9,
+            aligned_agreed: 6,
+            widest_spread_us: 2_500,
         }
         .line();
         assert!(
@@ -310,7 +342,8 @@ mod tests {
                 && line.contains("of the 3 others, 2")
                 && line.contains("requests in flight for 1, only in poll news")
                 && line.contains("in nothing for 0")
-                && line.contains("3 of the 4 requests"),
+                && line.contains("3 of the 4 requests")
+                && line.contains("within 1 ms of one another for 9 of the 10 (widest gap 2.5 ms), and agreed on 6 of those (66.7 %)"),
             "{line}"
         );
     }

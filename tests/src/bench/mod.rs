@@ -174,8 +174,8 @@ pub async fn run_scenario(
             replicas.clone(),
             std::sync::Arc::new(schedule.clone()),
             started,
-            Duration::from_millis(250),
-            2_000,
+            Duration::from_millis(50),
+            10_000,
             stop_probe.clone(),
         ))
     });

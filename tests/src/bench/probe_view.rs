@@ -33,14 +33,16 @@ pub struct EngineView {
 }
 
 impl std::fmt::Display for CandidateView {
-    /// `requests/tokens/since_poll/queued/throughput/kv`, `-` for missing.
+    /// `requests/tokens/pending_prefill/since_poll/queued/throughput/kv`,
+    /// `-` for missing.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         write!(
             f,
-            "{}/{}/{}/{}/{}/{}",
+            "{}/{}/{}/{}/{}/{}/{}",
             self.requests,
             self.tokens,
+            self.pending_prefill,
             self.since_poll,
             opt(self.engine.queued_tokens.map(|q| q.to_string())),
             opt(self.engine.gen_throughput.map(|t| format!("{t:.1}"))),
@@ -50,7 +52,7 @@ impl std::fmt::Display for CandidateView {
 }
 
 /// What a log line calls the fields of [`CandidateView`]'s display.
-pub const VIEW_FIELDS: &str = "in-flight/tokens/since-poll/queued/throughput/kv";
+pub const VIEW_FIELDS: &str = "in-flight/tokens/pending-prefill/since-poll/queued/throughput/kv";
 
 /// Each candidate's load in a dry-run answer, in the answer's order.
 pub fn parse(answer: &Value) -> Vec<CandidateView> {
@@ -153,8 +155,8 @@ mod tests {
         ]});
         let views = parse(&answer);
         assert_eq!(views.len(), 2);
-        assert_eq!(views[0].to_string(), "2/300/40/12/512.5/0.250");
+        assert_eq!(views[0].to_string(), "2/300/7/40/12/512.5/0.250");
         assert_eq!(views[0].pending_prefill, 7);
-        assert_eq!(views[1].to_string(), "0/0/0/-/-/-");
+        assert_eq!(views[1].to_string(), "0/0/0/0/-/-/-");
     }
 }
