@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 
 profile="${PROFILE:-debug}"
 if [ "$profile" = "release" ]; then
-  echo "demo: building optimised binaries (the first time takes ~10 min on 2 cores)" >&2
+  echo "demo: building optimised binaries (whole-program LTO: the first time takes ~12 min on 2 cores)" >&2
   cargo build --release -p shoal -p shoal-tests --bin shoal --bin demo
 else
   # Every target, with the features the test build uses: `cargo test
