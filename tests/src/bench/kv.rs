@@ -222,13 +222,13 @@ pub async fn probe_agreement(
                 let worker = json["worker"].as_str().map(String::from)?;
                 let candidates = json["candidates"].as_u64().unwrap_or(0);
                 let decided_at = json["decided_at_unix_micros"].as_u64().unwrap_or(0);
-                Some((
+                Some(Answer {
                     worker,
-                    cached_prefixes(&json),
-                    probe_view::parse(&json),
+                    cached: cached_prefixes(&json),
+                    view: probe_view::parse(&json),
                     candidates,
                     decided_at,
-                ))
+                })
             }
         });
         let picks: Option<Vec<Answer>> = futures_util::future::join_all(asks)
@@ -237,12 +237,18 @@ pub async fn probe_agreement(
             .collect();
         if let Some(picks) = picks {
             out.asked += 1;
-            let decided = picks.iter().map(|p| p.4);
+            let decided = picks.iter().map(|p| p.decided_at);
             let spread = decided.clone().max().unwrap_or(0) - decided.min().unwrap_or(0);
             let aligned = u128::from(spread) <= ALIGNED_WITHIN.as_micros();
             out.aligned += u64::from(aligned);
             out.widest_spread_us = out.widest_spread_us.max(spread);
-            if let Some((worker, cached, _, candidates, _)) = picks.first() {
+            if let Some(Answer {
+                worker,
+                cached,
+                candidates,
+                ..
+            }) = picks.first()
+            {
                 let depth = |w: &str| cached.iter().find(|(c, _)| c == w).map_or(0, |c| c.1);
                 let most = cached.iter().map(|c| c.1).max().unwrap_or(0);
                 let least = if (cached.len() as u64) < *candidates {
@@ -255,15 +261,13 @@ pub async fn probe_agreement(
                     out.to_deepest += u64::from(depth(worker) == most);
                 }
             }
-            if picks.windows(2).all(|w| w[0].0 == w[1].0) {
+            if picks.windows(2).all(|w| w[0].worker == w[1].worker) {
                 out.agreed += 1;
                 out.aligned_agreed += u64::from(aligned);
-            } else if picks.windows(2).all(|w| w[0].1 == w[1].1) {
+            } else if picks.windows(2).all(|w| w[0].cached == w[1].cached) {
                 out.same_index += 1;
-                let views: Vec<&[CandidateView]> = picks
-                    .iter()
-                    .map(|(_, _, view, _, _)| view.as_slice())
-                    .collect();
+                let views: Vec<&[CandidateView]> =
+                    picks.iter().map(|p| p.view.as_slice()).collect();
                 let differ = probe_view::difference(&views);
                 match differ {
                     ViewDifference::InFlight => out.in_flight += 1,
@@ -271,12 +275,18 @@ pub async fn probe_agreement(
                     ViewDifference::Nothing => out.same_view += 1,
                 }
                 if std::env::var_os("FLEET_BENCH_LOG_DISAGREEMENTS").is_some() {
-                    let first = picks.iter().map(|p| p.4).min().unwrap_or(0);
+                    let first = picks.iter().map(|p| p.decided_at).min().unwrap_or(0);
                     eprintln!(
                         "    disagreement at {:.1} s (same index, views differ: {differ:?}):",
                         now.as_secs_f64()
                     );
-                    for (worker, _, view, _, decided_at) in &picks {
+                    for Answer {
+                        worker,
+                        view,
+                        decided_at,
+                        ..
+                    } in &picks
+                    {
                         let view: Vec<String> = view.iter().map(|c| c.to_string()).collect();
                         eprintln!(
                             "      +{} µs picked {worker}; {VIEW_FIELDS} per engine: {}",
@@ -291,9 +301,19 @@ pub async fn probe_agreement(
     out
 }
 
-/// One replica's dry-run answer: the engine, the cached prefixes, its load
-/// view, how many candidates it had, and when it chose (µs, Unix epoch).
-type Answer = (String, Vec<(String, u64)>, Vec<CandidateView>, u64, u64);
+/// One replica's dry-run answer.
+struct Answer {
+    /// The engine it would send the request to.
+    worker: String,
+    /// Its index's cached prefix per engine, sorted by worker.
+    cached: Vec<(String, u64)>,
+    /// Its load view, one entry per candidate.
+    view: Vec<CandidateView>,
+    /// How many candidates it had.
+    candidates: u64,
+    /// When it chose, µs since the Unix epoch.
+    decided_at: u64,
+}
 
 /// A dry-run answer's cached prefixes, sorted by worker.
 fn cached_prefixes(answer: &serde_json::Value) -> Vec<(String, u64)> {
