@@ -125,13 +125,6 @@ fn cached_prefixes(
         .collect()
 }
 
-/// Now, in µs since the Unix epoch (0 for a clock before it).
-fn unix_micros_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 /// `POST /debug/route` with an inference request's JSON body.
 pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = std::time::Instant::now();
@@ -165,7 +158,7 @@ pub async fn route(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
         return ApiError::no_workers("the policy selected no worker").into_response();
     };
     let route_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let decided_at_unix_micros = unix_micros_now();
+    let decided_at_unix_micros = shoal_mesh::identity::unix_micros();
     let loads = loads(&app, &candidates);
     Json(DryRun {
         worker: chosen.url().to_string(),
