@@ -137,9 +137,13 @@ read -r h1 g1 q1 h2 g2 q2 h3 g3 q3 <<<"$("$py" "$here/helpers.py" ports 9)"
 seeds="127.0.0.1:$g1,127.0.0.1:$g2,127.0.0.1:$g3" # each replica seeds all, itself included
 fast=(--drain-settle-secs 0 --health-check-interval-secs 1 --load-poll-interval-ms 250)
 
-# r1: flags only (the README's form).
+# r1: flags only (the README's form), with a tenant (docs/tenants.md), so
+# the scrape has the tenant metrics the dashboard reads.
+tenant_key=ci-tenant-key-0001
+printf '[tenants.ci]\nkeys = ["%s"]\nrequests_per_minute = 100000\n' "$tenant_key" >"$tmp/tenants.toml"
 # shellcheck disable=SC2086 # one argument per seed
 "$shoal" --host 127.0.0.1 --port "$h1" --worker-urls "${engines[@]}" "${fast[@]}" \
+  --tenants-file "$tmp/tenants.toml" \
   --mesh-name "r1.$domain" --mesh-host 127.0.0.1 --mesh-port "$g1" --mesh-quic-port "$q1" \
   --mesh-tls-ca "$ca" --mesh-tls-cert "$cert" --mesh-tls-key "$key" \
   --mesh-peer-urls ${seeds//,/ } >"$tmp/r1.log" 2>&1 &
@@ -178,18 +182,21 @@ done
 echo "ready: ${urls[*]}"
 "$py" "$here/helpers.py" mesh-wait 30 "${urls[@]}" || die "the mesh did not form"
 
-# Some traffic on every replica: non-stream, stream, and one bad body (400).
+# Some traffic on every replica: non-stream, stream, and one bad body (400),
+# all with the tenant's key (r1 needs a key; the others pass it on).
 traffic() {
   local u code body='{"model":"mock/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":8'
+  local key="Authorization: Bearer $tenant_key"
   for u in "${urls[@]}"; do
     for _ in 1 2 3; do
       curl -fsS --max-time 20 "$u/v1/chat/completions" -H 'content-type: application/json' \
-        -d "$body}" >/dev/null || return 1
+        -H "$key" -d "$body}" >/dev/null || return 1
     done
     curl -fsSN --max-time 20 "$u/v1/chat/completions" -H 'content-type: application/json' \
-      -d "$body,\"stream\":true}" >"$tmp/stream.txt" || return 1
+      -H "$key" -d "$body,\"stream\":true}" >"$tmp/stream.txt" || return 1
     grep -q '^data: \[DONE\]' "$tmp/stream.txt" || { echo "$u: stream without [DONE]"; return 1; }
-    code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$u/v1/chat/completions" -d 'not json')
+    code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$u/v1/chat/completions" \
+      -H "$key" -d 'not json')
     [ "$code" = 400 ] || { echo "$u: bad JSON answered $code, not 400"; return 1; }
   done
 }
@@ -216,7 +223,7 @@ missing=$(awk '/^# TYPE /{print $3}' "$tmp/metrics.txt" | while read -r m; do
 
 echo "== openai SDK"
 check "openai SDK: chat, completions, responses (each also streamed), embeddings, models" \
-  "$py" "$here/test_openai.py" "${urls[@]}"
+  env SHOAL_TEST_API_KEY="$tenant_key" "$py" "$here/test_openai.py" "${urls[@]}"
 
 summary
 [ "$failed" = 0 ]

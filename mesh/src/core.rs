@@ -26,6 +26,7 @@ use crate::state::{Clock, FleetState, SnapshotValue, clamp_poll_time};
 #[cfg(feature = "testsuite")]
 use crate::tap::FrameTap;
 use crate::telemetry::Telemetry;
+use crate::tenants::TenantBook;
 use crate::worker_keys::WorkerKeys;
 use crate::worker_set::{Sender, SharedWorkerSet, WallClock, WorkerSet};
 
@@ -119,6 +120,9 @@ pub(crate) struct Core {
     /// Where objects created through this node live, for the next round,
     /// and where the peers' pairs go.
     pub(crate) objects: Arc<ObjectExchange>,
+    /// Per-tenant usage: this node's own for the next round, and the
+    /// counted peers'.
+    pub(crate) tenants: Arc<TenantBook>,
 }
 
 impl std::fmt::Debug for Core {
@@ -148,11 +152,13 @@ impl Core {
             changes.clone(),
             clock,
         );
+        let worker_keys = WorkerKeys::default();
+        let tenants = Arc::new(TenantBook::meshed(worker_keys.bell()));
         Self {
             me,
             cluster_id,
             ownership_hash: crate::ownership::OWNERSHIP_HASH_VERSION,
-            worker_keys: WorkerKeys::default(),
+            worker_keys,
             tables: Mutex::new(Tables::default()),
             members: ArcSwap::from_pointee(members),
             telemetry: Telemetry::default(),
@@ -172,6 +178,7 @@ impl Core {
             speaks_packed: true,
             sightings: Arc::default(),
             objects: Arc::default(),
+            tenants,
         }
     }
 
@@ -306,6 +313,8 @@ impl Core {
         let counted_moved = counted != tables.counted;
         if counted_moved {
             tables.state.set_counted(&counted);
+            self.tenants
+                .set_counted(&counted, crate::identity::unix_micros() / 1_000_000);
             tables.counted = counted;
             let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
             names.push(self.me.name.clone());

@@ -42,6 +42,7 @@ mod status;
 #[cfg(feature = "testsuite")]
 mod tap;
 mod telemetry;
+mod tenants;
 mod timings;
 pub mod tls;
 mod totals;
@@ -66,4 +67,5 @@ pub use status::{Footprint, MemberStatus, MeshStatus, ReplicaShare, SnapshotStat
 #[cfg(feature = "testsuite")]
 pub use tap::FrameTap;
 pub use telemetry::{TrafficStatus, describe_metrics};
+pub use tenants::{MAX_WINDOW_SECS, TenantBook, TenantTotals, TenantWindow, Usage};
 pub use worker_set::SharedWorkerSet;

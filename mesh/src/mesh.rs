@@ -32,6 +32,7 @@ use crate::sightings::{SightingReceiver, SightingSender};
 use crate::slot::{PollStamp, WorkerSlot};
 use crate::status::{self, Footprint, MeshStatus};
 use crate::telemetry::TrafficStatus;
+use crate::tenants::TenantBook;
 use crate::worker_set::SharedWorkerSet;
 use crate::{timings, tls};
 
@@ -402,6 +403,13 @@ impl Mesh {
     /// delivered; false if one was set already (the first call wins).
     pub fn on_peer_objects(&self, receiver: ObjectReceiver) -> bool {
         self.core.objects.set_receiver(receiver)
+    }
+
+    /// Every tenant's usage, fleet-wide: the router admits each tenant's
+    /// requests against it, and its own admissions reach every peer in
+    /// the next round (see `tenants`).
+    pub fn tenant_book(&self) -> Arc<TenantBook> {
+        self.core.tenants.clone()
     }
 
     /// Poll ownership of `worker` (rendezvous hashing) among the replicas

@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 use quinn::{Connection, Endpoint, Incoming, RecvStream};
 use rustls_pki_types::CertificateDer;
 use shoal_proto::frames::{
-    Frame, Hello, MAX_OBJECTS_PER_FRAME, MAX_SIGHTINGS_PER_FRAME, Speaks, Update, WorkerDigestFrame,
+    Frame, Hello, MAX_OBJECTS_PER_FRAME, MAX_SIGHTINGS_PER_FRAME, MAX_TENANTS_PER_FRAME, Speaks,
+    Update, WorkerDigestFrame,
 };
 
 use crate::core::{Core, LinkInfo};
@@ -337,6 +338,17 @@ async fn receive(
                 }
                 core.telemetry.objects_received(frame.entries.len());
                 core.objects.deliver(&frame.entries);
+            }
+            Ok(Read::Frame(Frame::Tenants(frame), bytes)) => {
+                core.telemetry.frame_received(bytes);
+                if frame.entries.len() > MAX_TENANTS_PER_FRAME {
+                    core.telemetry.dropped("oversize_tenants");
+                    continue;
+                }
+                let now_sec = crate::identity::unix_micros() / 1_000_000;
+                for drop in core.tenants.deliver(peer, frame, now_sec) {
+                    core.telemetry.dropped(drop.reason());
+                }
             }
             Ok(Read::Frame(Frame::Hello(_), _)) => core.telemetry.dropped("unexpected_hello"),
             Ok(Read::Bad(e)) => {

@@ -255,6 +255,10 @@ pub fn describe_metrics() {
         "worker_digest_early",
         "oversize_objects",
         "bad_object",
+        "oversize_tenants",
+        "bad_tenant_name",
+        "bad_tenant_seconds",
+        "tenant_clock",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }

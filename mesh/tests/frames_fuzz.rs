@@ -48,7 +48,12 @@ proptest! {
             // Only a valid current-version frame may come out.
             prop_assert!(matches!(
                 frame,
-                Frame::Bye | Frame::Hello(_) | Frame::Update(_) | Frame::Speaks(_) | Frame::Packed(_)
+                Frame::Bye
+                    | Frame::Hello(_)
+                    | Frame::Update(_)
+                    | Frame::Speaks(_)
+                    | Frame::Packed(_)
+                    | Frame::Tenants(_)
             ));
         }
         prop_assert_eq!(FRAME_VERSION, 2);

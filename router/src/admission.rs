@@ -220,22 +220,39 @@ pub fn fleet_saturated(
     None
 }
 
-/// A response body that holds an admission [`Permit`] until it ends or is
-/// dropped, so a stream occupies its slot for its whole life.
+/// What an admitted request holds while its response body lives: its
+/// overload [`Permit`] and its tenant's ticket (one of its tenant's
+/// requests in flight).
+#[derive(Debug, Default)]
+pub struct Held {
+    /// The overload permit, when `--max-concurrent-requests` is on.
+    pub permit: Option<Permit>,
+    /// The tenant's ticket, when the request is a tenant's.
+    pub ticket: Option<crate::tenants::TenantTicket>,
+}
+
+/// A response body that holds what admission granted ([`Held`]) until it
+/// ends or is dropped, so a stream occupies its slot for its whole life.
+/// A tenant's ticket also reads the answer going by, and settles the
+/// tenant's charge from the engine's usage when the answer ends whole.
 pub struct AdmittedBody {
     inner: Body,
-    permit: Option<Permit>,
+    held: Option<Held>,
 }
 
 impl AdmittedBody {
-    /// Attaches `permit` to `response`'s body.
-    pub fn wrap(response: Response, permit: Permit) -> Response {
+    /// Attaches `held` to `response`'s body (the response unchanged when
+    /// nothing is held).
+    pub fn wrap(response: Response, held: Held) -> Response {
+        if held.permit.is_none() && held.ticket.is_none() {
+            return response;
+        }
         let (parts, inner) = response.into_parts();
         Response::from_parts(
             parts,
             Body::new(Self {
                 inner,
-                permit: Some(permit),
+                held: Some(held),
             }),
         )
     }
@@ -251,8 +268,18 @@ impl http_body::Body for AdmittedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let ticket = this.held.as_mut().and_then(|h| h.ticket.as_mut());
+        match (&polled, ticket) {
+            (Poll::Ready(Some(Ok(frame))), Some(ticket)) => {
+                if let Some(data) = frame.data_ref() {
+                    ticket.observe(data);
+                }
+            }
+            (Poll::Ready(None), Some(ticket)) => ticket.settle(),
+            _ => {}
+        }
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            this.permit = None;
+            this.held = None;
         }
         polled
     }

@@ -137,6 +137,18 @@ impl Server {
         let metrics = telemetry::install();
         let route_metrics =
             Route::ALL.map(|route| Arc::new(telemetry::RouteMetrics::register(route.label())));
+        // After the recorder: each tenant registers its counters once.
+        let tenants = config
+            .security
+            .tenants()
+            .map_err(StartError::Security)?
+            .map(|spec| {
+                let book = match &mesh {
+                    Some(mesh) => mesh.tenant_book(),
+                    None => Arc::new(shoal_mesh::TenantBook::local()),
+                };
+                crate::tenants::TenantGate::new(&spec, book)
+            });
         let state = AppState {
             registry,
             sources,
@@ -149,6 +161,7 @@ impl Server {
             metrics,
             mesh,
             objects,
+            tenants,
             draining: AtomicBool::new(false),
             admission: crate::admission::Admission::from_config(&config.admission),
             buffer_budget: crate::admission::buffer::BufferBudget::new(

@@ -8,7 +8,7 @@
 //!   engines are). A keys file that holds no key is an error, never "open":
 //!   emptying it to revoke every key must not turn authentication off.
 //! - **Admin key** (`--admin-api-key`): when set, `GET`/`POST`/`DELETE
-//!   /workers` and `GET /mesh/status` need it (and only it: an inference
+//!   /workers`, `GET /mesh/status` and `GET /tenants` need it (and only it: an inference
 //!   key is not an admin key). When unset, admin *writes* are refused —
 //!   an admin write registers an engine fleet-wide, which then receives
 //!   prompts and the worker key — unless `--allow-loopback-admin-writes`
@@ -180,7 +180,11 @@ impl Scope {
         if path == "/v1/models" {
             return Scope::Inference;
         }
-        if path == "/workers" || path.starts_with("/workers/") || path == "/mesh/status" {
+        if path == "/workers"
+            || path.starts_with("/workers/")
+            || path == "/mesh/status"
+            || path == "/tenants"
+        {
             let write = method != Method::GET && method != Method::HEAD;
             return Scope::Admin { write };
         }

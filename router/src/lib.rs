@@ -31,6 +31,7 @@ pub mod serving;
 pub mod sources;
 pub mod supervise;
 pub mod telemetry;
+pub mod tenants;
 pub mod upstream;
 pub mod url;
 pub mod workers;

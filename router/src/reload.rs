@@ -1,10 +1,11 @@
-//! Live reload: on SIGHUP, or when the `--config` or `--api-keys-file`
-//! file changes (checked every 10 s: a Kubernetes ConfigMap or Secret
+//! Live reload: on SIGHUP, or when the `--config`, `--api-keys-file` or
+//! `--tenants-file` file changes (checked every 10 s: a Kubernetes ConfigMap or Secret
 //! volume changes in place), the configuration is read again (the same
 //! flags and variables, the files' new content) and what can change while
 //! serving is applied without dropping a request:
 //!
-//! - the API keys (inference, admin, worker),
+//! - the API keys (inference, admin, worker) and the tenants file's
+//!   tenants, keys and limits (usage so far is kept by tenant name),
 //! - `--worker-urls` (this replica's seeds; the sources reconcile),
 //! - the policy's knobs (thresholds, ε, weights: the policy keeps what it
 //!   learned; switching `--policy` itself needs a restart),
@@ -38,10 +39,19 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
     let new = Config::load_from(current.argv.0.clone()).map_err(|e| e.to_string())?;
     // Everything that can fail first: then nothing is half applied.
     let auth = new.security.auth()?;
+    let tenants = new.security.tenants()?;
     logging::parse_level(&new.log_level)?;
     let mut done = Reloaded::default();
     state.auth.store(Arc::new(auth));
     done.applied.push("keys");
+    match (&state.tenants, &tenants) {
+        (Some(gate), Some(spec)) => {
+            gate.replace(spec);
+            done.applied.push("tenants");
+        }
+        (None, None) => {}
+        _ => done.need_restart.push("tenants-file"),
+    }
     state.sources.set_seeds(&new.worker_urls);
     done.applied.push("worker-urls");
     if new.routing.policy == current.routing.policy {
@@ -87,7 +97,7 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
     Ok(done)
 }
 
-/// How often the `--config` and `--api-keys-file` files are checked for a
+/// How often the `--config`, `--api-keys-file` and `--tenants-file` files are checked for a
 /// change (a Kubernetes ConfigMap or Secret volume is updated in place,
 /// and nothing sends a SIGHUP then).
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -97,6 +107,7 @@ fn fingerprint(config: &Config) -> Vec<Option<Vec<u8>>> {
     [
         config.config.as_ref(),
         config.security.api_keys_file.as_ref(),
+        config.security.tenants_file.as_ref(),
     ]
     .into_iter()
     .map(|path| path.and_then(|p| std::fs::read(p).ok()))

@@ -268,6 +268,10 @@ impl Outbox {
         let mut frames = batch.encode(transcript.round, 0)?;
         let set = worker_frames::entries(&core.worker_set.lock().to_entries())?;
         frames.extend(set.frames);
+        // Tenant usage is not diffed against the transcript: its current
+        // values (newer than or equal to the last round's) go out whole,
+        // and later rounds carry only what changes after them.
+        frames.extend(core.tenants.full_frames(unix_micros() / 1_000_000)?);
         Ok(TranscriptCopy {
             frames,
             set_bytes: set.bytes,
@@ -330,6 +334,7 @@ impl Outbox {
                     .frames()?
                     .into_iter()
                     .chain(core.objects.frames()?)
+                    .chain(core.tenants.frames(read_at / 1_000_000)?)
                     .collect();
                 Ok((encoded, others))
             });

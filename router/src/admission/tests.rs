@@ -81,7 +81,7 @@ async fn rejections_are_openai_shaped_with_retry_after() {
 async fn the_permit_lives_as_long_as_the_body() {
     let gate = Admission::new(1, 0, Duration::from_secs(1));
     let permit = gate.admit().await.unwrap().unwrap();
-    let response = AdmittedBody::wrap(Response::new(Body::from("hello")), permit);
+    let response = AdmittedBody::wrap(Response::new(Body::from("hello")), held(permit));
     assert_eq!(gate.in_flight(), 1);
     assert_eq!(gate.admit().await.unwrap_err(), Rejection::QueueFull);
     let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -89,6 +89,16 @@ async fn the_permit_lives_as_long_as_the_body() {
     assert_eq!(gate.in_flight(), 0);
     // Dropped unread: released too.
     let permit = gate.admit().await.unwrap().unwrap();
-    drop(AdmittedBody::wrap(Response::new(Body::from("x")), permit));
+    drop(AdmittedBody::wrap(
+        Response::new(Body::from("x")),
+        held(permit),
+    ));
     assert_eq!(gate.in_flight(), 0);
+}
+
+fn held(permit: Permit) -> Held {
+    Held {
+        permit: Some(permit),
+        ticket: None,
+    }
 }

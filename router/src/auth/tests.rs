@@ -143,6 +143,11 @@ fn scopes_follow_the_path_and_method() {
         Scope::of(&Method::GET, "/mesh/status"),
         Scope::Admin { write: false }
     );
+    assert_eq!(
+        Scope::of(&Method::GET, "/tenants"),
+        Scope::Admin { write: false },
+        "tenant usage is the operators' to see"
+    );
     for open in ["/health", "/readiness", "/liveness", "/metrics", "/nope"] {
         assert_eq!(Scope::of(&Method::GET, open), Scope::Open, "{open}");
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::auth::{self, Auth, Keys, Secret};
+use crate::tenants::{self, TenantsSpec};
 
 /// Help heading of the security flags.
 pub const SECURITY_FLAGS: &str = "Security";
@@ -25,7 +26,13 @@ pub struct SecurityConfig {
     #[arg(long, env = "SHOAL_API_KEYS_FILE", value_name = "FILE")]
     pub api_keys_file: Option<PathBuf>,
 
-    /// Key for the admin routes (`/workers`, `/mesh/status`); an inference
+    /// TOML file of tenants: each a name, its API keys (inference keys
+    /// too) and its limits (requests, tokens, concurrency), enforced
+    /// fleet-wide over the mesh. Reloaded like --api-keys-file.
+    #[arg(long, env = "SHOAL_TENANTS_FILE", value_name = "FILE")]
+    pub tenants_file: Option<PathBuf>,
+
+    /// Key for the admin routes (`/workers`, `/mesh/status`, `/tenants`); an inference
     /// key does not open them. Unset: admin writes (`POST`/`DELETE
     /// /workers`) are refused, and admin reads are open.
     #[arg(long, env = "SHOAL_ADMIN_API_KEY")]
@@ -70,7 +77,7 @@ pub struct SecurityConfig {
 }
 
 impl SecurityConfig {
-    /// Every inference key: the flag's and the file's.
+    /// Every inference key: the flag's, the keys file's and the tenants'.
     pub fn inference_keys(&self) -> Result<Vec<Secret>, String> {
         let mut keys = self.api_key.clone();
         if let Some(path) = &self.api_keys_file {
@@ -78,7 +85,18 @@ impl SecurityConfig {
                 crate::auth::read_keys_file(path).map_err(|e| format!("--api-keys-file {e}"))?;
             keys.extend(from_file);
         }
+        if let Some(spec) = self.tenants()? {
+            keys.extend(spec.tenants.into_iter().flat_map(|t| t.keys));
+        }
         Ok(keys)
+    }
+
+    /// The tenants file, read and checked (`None` without the flag).
+    pub fn tenants(&self) -> Result<Option<TenantsSpec>, String> {
+        self.tenants_file
+            .as_deref()
+            .map(|path| tenants::file::read(path).map_err(|e| format!("--tenants-file {e}")))
+            .transpose()
     }
 
     /// The key gate these flags describe: inference keys (flag and file),
@@ -99,7 +117,7 @@ impl SecurityConfig {
         if let Some(admin) = &self.admin_api_key
             && keys.contains(admin)
         {
-            return Err("--admin-api-key must differ from every --api-key".into());
+            return Err("--admin-api-key must differ from every inference key (--api-key, --api-keys-file, --tenants-file)".into());
         }
         Ok(())
     }

@@ -9,16 +9,23 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::header;
+use http::{HeaderName, HeaderValue, StatusCode, header};
+use shoal_mesh::Usage;
+
+/// A rate-limit header for the client.
+type RateHeader = (HeaderName, HeaderValue);
 
 use super::body;
 use super::objects;
 use super::state::AppState;
-use crate::admission::{self, AdmittedBody};
-use crate::auth::Forward;
+use crate::admission::{self, AdmittedBody, Held};
+use crate::auth::{self, Forward};
+use crate::error::ApiError;
 use crate::proxy::{Outgoing, Placement, WorkerPool};
+use crate::request::RequestInfo;
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
+use crate::tenants::{self, Decision, TenantTicket};
 use crate::{engine_h1, otel};
 
 /// Counts a request refused by overload admission and returns its answer.
@@ -67,6 +74,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     let mut info = match body::inspect(route, &read.bytes, content_type, text_limit).await {
         Ok(info) => info,
         Err(error) => return record.respond(error.into_response()),
+    };
+    let grant = match tenant_admission(&app, &parts.headers, &info) {
+        Ok(grant) => grant,
+        Err(refusal) => return refused(record, refusal.code, *refusal.response),
     };
     let permit = match app.admission.admit().await {
         Ok(permit) => permit,
@@ -137,8 +148,75 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     let response = app.forwarder.forward(workers, outgoing, record).await;
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);
-    match permit {
-        Some(permit) => AdmittedBody::wrap(response, permit),
-        None => response,
+    let held = Held {
+        permit,
+        ticket: grant.ticket,
+    };
+    let mut response = AdmittedBody::wrap(response, held);
+    tenants::add_headers(response.headers_mut(), grant.headers);
+    response
+}
+
+/// What tenant admission granted a request.
+#[derive(Default)]
+struct TenantGrant {
+    /// Its place among its tenant's requests in flight (none for a request
+    /// that is no tenant's).
+    ticket: Option<TenantTicket>,
+    /// The rate-limit headers for its answer.
+    headers: Vec<RateHeader>,
+}
+
+/// A tenant request over a limit: its 429 and the metric label.
+struct TenantRefusal {
+    code: &'static str,
+    response: Box<Response>,
+}
+
+/// Admits a tenant's request against its fleet-wide limits (nothing to do
+/// without `--tenants-file` or for a key that is no tenant's): the ticket
+/// to hold with the response and the rate-limit headers to send, or the
+/// 429 to answer with (and its metric label).
+fn tenant_admission(
+    app: &AppState,
+    headers: &http::HeaderMap,
+    info: &RequestInfo,
+) -> Result<TenantGrant, TenantRefusal> {
+    let Some(gate) = &app.tenants else {
+        return Ok(TenantGrant::default());
+    };
+    let token = auth::bearer(headers).or_else(|| auth::x_api_key(headers));
+    let Some(tenant) = token.and_then(|t| gate.tenant_of(t)) else {
+        return Ok(TenantGrant::default());
+    };
+    let request = Usage {
+        requests: 1,
+        input_tokens: info.prompt_tokens,
+        output_tokens: info.max_output_tokens.unwrap_or(0),
+    };
+    match gate.admit(&tenant, request) {
+        Decision::Admitted(ticket, headers) => Ok(TenantGrant {
+            ticket: Some(ticket),
+            headers,
+        }),
+        Decision::Refused(breach, headers) => {
+            let error = ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: format!("tenant `{}`: {}", tenant.name, breach.message),
+                kind: "rate_limit_error",
+                code: breach.reason.code(),
+            };
+            let mut response = error.into_response();
+            let map = response.headers_mut();
+            map.insert(
+                header::RETRY_AFTER,
+                http::HeaderValue::from(breach.retry_after_secs),
+            );
+            tenants::add_headers(map, headers);
+            Err(TenantRefusal {
+                code: breach.reason.code(),
+                response: Box::new(response),
+            })
+        }
     }
 }

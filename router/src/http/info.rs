@@ -127,6 +127,16 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// `GET /tenants`: every configured tenant's limits, its fleet-wide usage
+/// this window, and this replica's refusals (an admin read).
+pub async fn tenants(State(app): State<Arc<AppState>>) -> Response {
+    match &app.tenants {
+        Some(gate) => Json(gate.status()).into_response(),
+        None => ApiError::not_found("no tenants on this replica (start it with --tenants-file)")
+            .into_response(),
+    }
+}
+
 /// `GET /mesh/status`: members, per-worker fleet totals with each replica's
 /// share, snapshot sources and poll owners, traffic counters.
 pub async fn mesh_status(State(app): State<Arc<AppState>>) -> Response {

@@ -31,6 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readiness", get(info::readiness))
         .route("/metrics", get(info::metrics))
         .route("/mesh/status", get(info::mesh_status))
+        .route("/tenants", get(info::tenants))
         .route("/workers", get(admin::list).post(admin::add))
         .route("/workers/{url}", delete(admin::remove))
         .route("/debug/route", post(dry_run::route))

@@ -53,6 +53,8 @@ pub struct AppState {
     pub buffer_budget: Arc<BufferBudget>,
     /// Which worker holds each stored object (fleet-wide with the mesh).
     pub objects: Arc<ObjectTable>,
+    /// Tenants and their fleet-wide limits (`--tenants-file`).
+    pub tenants: Option<crate::tenants::TenantGate>,
     /// Set on SIGTERM: readiness answers 503 while in-flight work finishes.
     pub draining: AtomicBool,
 }

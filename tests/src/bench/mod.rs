@@ -20,6 +20,7 @@ pub mod pooled;
 pub mod probe_view;
 pub mod report;
 pub mod summary;
+pub mod tenants;
 pub mod trace;
 pub mod workload;
 

@@ -1,0 +1,279 @@
+//! The tenants file (`--tenants-file`): who the tenants are, their keys,
+//! and their limits.
+//!
+//! ```toml
+//! window_secs = 60                  # optional, 1..=60: the sliding window
+//! [tenants.acme]
+//! keys = ["sk-acme-0001"]           # at least one; inference keys too
+//! requests_per_minute = 600         # every limit is optional
+//! tokens_per_minute = 200000        # input + output
+//! input_tokens_per_minute = 150000
+//! output_tokens_per_minute = 50000
+//! max_concurrent = 32               # in flight at once, fleet-wide
+//! ```
+//!
+//! A rate "per minute" is enforced over the sliding window as an allowance
+//! of `rate × window_secs / 60` (at least 1). Anything wrong — a key this
+//! file does not know, a tenant with no key, a limit that is not a
+//! positive integer, a key two tenants share — is an error naming the file
+//! and the tenant: a half-read tenants file must never admit unlimited
+//! traffic.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use shoal_mesh::MAX_WINDOW_SECS;
+use shoal_proto::frames::MAX_TENANT_NAME_BYTES;
+
+use crate::auth::Secret;
+
+/// The window limits are measured over when the file names none.
+pub const DEFAULT_WINDOW_SECS: u64 = 60;
+
+/// One tenant's allowances per window (`None`: unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Requests admitted per window.
+    pub requests: Option<u64>,
+    /// Input plus output tokens per window.
+    pub tokens: Option<u64>,
+    /// Input tokens per window.
+    pub input_tokens: Option<u64>,
+    /// Output tokens per window.
+    pub output_tokens: Option<u64>,
+    /// Requests in flight at once, fleet-wide.
+    pub max_concurrent: Option<u64>,
+}
+
+/// One tenant as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// Its name (a metric label and the mesh's key).
+    pub name: Arc<str>,
+    /// Its API keys.
+    pub keys: Vec<Secret>,
+    /// Its allowances.
+    pub limits: Limits,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantsSpec {
+    /// Seconds of the sliding window.
+    pub window_secs: u64,
+    /// The tenants, by name.
+    pub tenants: Vec<TenantSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    window_secs: Option<toml::Value>,
+    #[serde(default)]
+    tenants: BTreeMap<String, RawTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    #[serde(default)]
+    keys: Vec<String>,
+    requests_per_minute: Option<toml::Value>,
+    tokens_per_minute: Option<toml::Value>,
+    input_tokens_per_minute: Option<toml::Value>,
+    output_tokens_per_minute: Option<toml::Value>,
+    max_concurrent: Option<toml::Value>,
+}
+
+/// `value` as a positive integer, or an error naming `what`.
+fn positive(what: &str, value: Option<toml::Value>) -> Result<Option<u64>, String> {
+    match value {
+        None => Ok(None),
+        Some(toml::Value::Integer(n)) if n > 0 => Ok(Some(n as u64)),
+        Some(other) => Err(format!("{what} = {other}: must be a positive integer")),
+    }
+}
+
+/// Reads and checks `path`.
+pub fn read(path: &Path) -> Result<TenantsSpec, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Checks the text of a tenants file.
+pub fn parse(text: &str) -> Result<TenantsSpec, String> {
+    let raw: RawFile = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
+    let window_secs = match positive("window_secs", raw.window_secs.clone()) {
+        Ok(None) => DEFAULT_WINDOW_SECS,
+        Ok(Some(w)) if w <= MAX_WINDOW_SECS => w,
+        _ => {
+            let w = raw.window_secs.map(|v| v.to_string()).unwrap_or_default();
+            return Err(format!(
+                "window_secs = {w}: must be 1 to {MAX_WINDOW_SECS} seconds"
+            ));
+        }
+    };
+    if raw.tenants.is_empty() {
+        return Err("no [tenants.NAME] table: a tenants file must name at least one".into());
+    }
+    let mut seen_keys = HashSet::new();
+    let mut tenants = Vec::with_capacity(raw.tenants.len());
+    for (name, tenant) in raw.tenants {
+        tenants.push(tenant_spec(&name, tenant, window_secs, &mut seen_keys)?);
+    }
+    Ok(TenantsSpec {
+        window_secs,
+        tenants,
+    })
+}
+
+fn tenant_spec(
+    name: &str,
+    raw: RawTenant,
+    window_secs: u64,
+    seen_keys: &mut HashSet<String>,
+) -> Result<TenantSpec, String> {
+    let valid_name = !name.is_empty()
+        && name.len() <= MAX_TENANT_NAME_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !valid_name {
+        return Err(format!(
+            "tenant `{name}`: a name is 1 to {MAX_TENANT_NAME_BYTES} letters, digits, `-`, `_` or `.`"
+        ));
+    }
+    if raw.keys.is_empty() {
+        return Err(format!(
+            "tenant `{name}`: no keys (a tenant is reached only through its keys)"
+        ));
+    }
+    let mut keys = Vec::with_capacity(raw.keys.len());
+    for (i, key) in raw.keys.iter().enumerate() {
+        let secret: Secret = key
+            .parse()
+            .map_err(|e| format!("tenant `{name}` keys[{i}]: {e}"))?;
+        if !seen_keys.insert(secret.expose().to_string()) {
+            return Err(format!(
+                "tenant `{name}` keys[{i}]: the key is listed twice (a key names one tenant)"
+            ));
+        }
+        keys.push(secret);
+    }
+    let per_window = |field: &str, rate: Option<toml::Value>| {
+        positive(&format!("tenant `{name}`: {field}"), rate)
+            .map(|r| r.map(|r| allowance(r, window_secs)))
+    };
+    let limits = Limits {
+        requests: per_window("requests_per_minute", raw.requests_per_minute)?,
+        tokens: per_window("tokens_per_minute", raw.tokens_per_minute)?,
+        input_tokens: per_window("input_tokens_per_minute", raw.input_tokens_per_minute)?,
+        output_tokens: per_window("output_tokens_per_minute", raw.output_tokens_per_minute)?,
+        max_concurrent: positive(
+            &format!("tenant `{name}`: max_concurrent"),
+            raw.max_concurrent,
+        )?,
+    };
+    Ok(TenantSpec {
+        name: Arc::from(name),
+        keys,
+        limits,
+    })
+}
+
+/// The TOML parser's message (which quotes the offending line) on one line.
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A per-minute `rate`'s allowance over `window_secs` (at least 1).
+pub fn allowance(rate: u64, window_secs: u64) -> u64 {
+    (u128::from(rate) * u128::from(window_secs) / 60).clamp(1, u128::from(u64::MAX)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+window_secs = 6
+[tenants.acme]
+keys = ["acme-key-0001", "acme-key-0002"]
+requests_per_minute = 600
+output_tokens_per_minute = 10000
+max_concurrent = 4
+[tenants.bob]
+keys = ["bob-key-00001"]
+"#;
+
+    #[test]
+    fn a_good_file_gives_allowances_per_window() {
+        let spec = parse(GOOD).unwrap();
+        assert_eq!(spec.window_secs, 6);
+        let acme = &spec.tenants[0];
+        assert_eq!(&*acme.name, "acme");
+        assert_eq!(acme.keys.len(), 2);
+        assert_eq!(
+            acme.limits,
+            Limits {
+                requests: Some(60),
+                tokens: None,
+                input_tokens: None,
+                output_tokens: Some(1000),
+                max_concurrent: Some(4),
+            }
+        );
+        assert_eq!(spec.tenants[1].limits, Limits::default());
+        assert_eq!(
+            parse("[tenants.a]\nkeys=[\"aaaaaaaa\"]")
+                .unwrap()
+                .window_secs,
+            60
+        );
+        assert_eq!(allowance(1, 1), 1, "never zero");
+        assert_eq!(allowance(u64::MAX, 60), u64::MAX);
+    }
+
+    #[test]
+    fn every_bad_file_is_refused_naming_what_is_wrong() {
+        let cases = [
+            ("not toml [", "expected"),
+            (
+                "window_secs = 61\n[tenants.a]\nkeys=[\"aaaaaaaa\"]",
+                "window_secs = 61",
+            ),
+            (
+                "window_secs = 0\n[tenants.a]\nkeys=[\"aaaaaaaa\"]",
+                "window_secs = 0",
+            ),
+            ("", "no [tenants.NAME]"),
+            ("[tenants.a]\nkeys=[]", "tenant `a`: no keys"),
+            ("[tenants.a]\nkeys=[\"aaaaaaaa\"]\nrpm = 3", "rpm"),
+            ("colour = 1\n[tenants.a]\nkeys=[\"aaaaaaaa\"]", "colour"),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\nrequests_per_minute = 0",
+                "requests_per_minute = 0",
+            ),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\nmax_concurrent = -1",
+                "tenant `a`: max_concurrent = -1",
+            ),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\nrequests_per_minute = 1.5",
+                "tenant `a`: requests_per_minute = 1.5",
+            ),
+            ("[tenants.a]\nkeys=[\"short\"]", "tenant `a` keys[0]"),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\n[tenants.b]\nkeys=[\"aaaaaaaa\"]",
+                "listed twice",
+            ),
+            ("[tenants.\"a b\"]\nkeys=[\"aaaaaaaa\"]", "tenant `a b`"),
+        ];
+        for (text, says) in cases {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(says), "{text:?} gave {err:?}, not {says:?}");
+        }
+    }
+}

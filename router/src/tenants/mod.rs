@@ -1,0 +1,335 @@
+//! Tenants: per-key limits on requests, tokens and concurrency, enforced
+//! fleet-wide.
+//!
+//! A tenant is a name, its API keys and its limits (`--tenants-file`, see
+//! [`file`]). Each request presenting a tenant's key is admitted against
+//! the tenant's usage over the sliding window summed across the fleet
+//! (this replica's own and every counted peer's, from the mesh's
+//! [`TenantBook`]), so a tenant limited to L gets L behind any number of
+//! replicas, not R × L. Admitting books the request (one request, its
+//! input-token estimate and its `max_tokens` as output) in the current
+//! second and one request in flight until its response ends.
+//!
+//! How far the fleet can overshoot: a peer's admissions reach this
+//! replica within its staleness (the push gap, 4 ms by default, plus
+//! delivery: the mesh's convergence lag), so while R replicas each admit
+//! what they believe remains, the tenant can get at most what the other
+//! R − 1 replicas admit within that time beyond its allowance:
+//! ≤ (R − 1) × (the tenant's request rate per replica) × staleness.
+//!
+//! When the answer ends whole, the charge is settled from the usage the
+//! engine reported at its end (`usage`): real tokens replace the
+//! estimates in the second they were booked in.
+//!
+//! Not yet: asking streams for their usage (`stream_options.
+//! include_usage`) when the client did not, priority classes and fair
+//! queueing between tenants (requests over a limit are refused at once,
+//! never queued).
+
+pub mod file;
+pub mod limits;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use ring::digest::{SHA256, digest};
+use serde::Serialize;
+use shoal_mesh::identity::unix_micros;
+use shoal_mesh::{TenantBook, TenantTotals, Usage};
+
+pub use file::{Limits, TenantsSpec};
+pub use limits::{Breach, Reason};
+use usage::UsageTail;
+
+/// One configured tenant.
+#[derive(Debug)]
+pub struct Tenant {
+    /// Its name.
+    pub name: Arc<str>,
+    /// Its allowances per window.
+    pub limits: Limits,
+    /// `shoal_tenant_admitted_total{tenant}`, registered once.
+    admitted: metrics::Counter,
+    /// `shoal_tenant_rejections_total{tenant,reason}`, by [`Reason::ALL`].
+    rejections: [metrics::Counter; 3],
+    /// Requests this replica refused since the file was loaded, by
+    /// [`Reason::ALL`] (for `GET /tenants`).
+    refused: [AtomicU64; 3],
+}
+
+impl Tenant {
+    fn new(name: Arc<str>, limits: Limits) -> Self {
+        let label = name.to_string();
+        Self {
+            admitted: metrics::counter!("shoal_tenant_admitted_total", "tenant" => label.clone()),
+            rejections: Reason::ALL.map(|r| {
+                metrics::counter!("shoal_tenant_rejections_total",
+                    "tenant" => label.clone(), "reason" => r.code())
+            }),
+            refused: Default::default(),
+            name,
+            limits,
+        }
+    }
+}
+
+/// The tenants file, indexed by key digest.
+#[derive(Debug)]
+struct Table {
+    window_secs: u64,
+    by_key: HashMap<[u8; 32], Arc<Tenant>>,
+    tenants: Vec<Arc<Tenant>>,
+}
+
+impl Table {
+    fn new(spec: &TenantsSpec) -> Self {
+        let mut by_key = HashMap::new();
+        let mut tenants = Vec::with_capacity(spec.tenants.len());
+        for t in &spec.tenants {
+            let tenant = Arc::new(Tenant::new(t.name.clone(), t.limits));
+            for key in &t.keys {
+                by_key.insert(sha256(key.expose().as_bytes()), tenant.clone());
+            }
+            tenants.push(tenant);
+        }
+        Self {
+            window_secs: spec.window_secs,
+            by_key,
+            tenants,
+        }
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest(&SHA256, bytes).as_ref());
+    out
+}
+
+/// A request admitted for a tenant: holds its place among the tenant's
+/// requests in flight until dropped (with the response body), and settles
+/// its charge from what the engine reported, once.
+#[derive(Debug)]
+pub struct TenantTicket {
+    book: Arc<TenantBook>,
+    tenant: Arc<str>,
+    /// The second its charge was booked in.
+    admitted_sec: u64,
+    /// What it was charged at admission (its estimates).
+    booked: Usage,
+    /// The answer's end, to read the engine's usage from.
+    tail: UsageTail,
+}
+
+impl TenantTicket {
+    /// Feeds a piece of the answer (the end holds the engine's usage).
+    pub fn observe(&mut self, piece: &[u8]) {
+        self.tail.push(piece);
+    }
+
+    /// The answer ended whole: charge what the engine reported instead of
+    /// the estimates (each count the engine did not report stays as
+    /// estimated). An answer cut short keeps its estimates.
+    pub fn settle(&mut self) {
+        let Some(reported) = self.tail.reported() else {
+            return;
+        };
+        let used = Usage {
+            requests: self.booked.requests,
+            input_tokens: reported.input_tokens.unwrap_or(self.booked.input_tokens),
+            output_tokens: reported.output_tokens.unwrap_or(self.booked.output_tokens),
+        };
+        if used != self.booked {
+            self.book
+                .settle(&self.tenant, self.admitted_sec, self.booked, used);
+            self.booked = used;
+        }
+    }
+}
+
+impl Drop for TenantTicket {
+    fn drop(&mut self) {
+        self.book.finish(&self.tenant);
+    }
+}
+
+/// What admission decided for one tenant request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Admitted: keep the ticket with the response; send the headers.
+    Admitted(TenantTicket, Vec<(HeaderName, HeaderValue)>),
+    /// Refused: answer 429 with these headers.
+    Refused(Breach, Vec<(HeaderName, HeaderValue)>),
+}
+
+/// Every tenant's limits and the fleet's usage of them.
+#[derive(Debug)]
+pub struct TenantGate {
+    table: ArcSwap<Table>,
+    book: Arc<TenantBook>,
+}
+
+impl TenantGate {
+    /// A gate for `spec`, counting usage in `book` (the mesh's, or a
+    /// local one).
+    pub fn new(spec: &TenantsSpec, book: Arc<TenantBook>) -> Self {
+        book.set_window(spec.window_secs, unix_micros() / 1_000_000);
+        Self {
+            table: ArcSwap::from_pointee(Table::new(spec)),
+            book,
+        }
+    }
+
+    /// Swaps in a reloaded file (usage is kept by tenant name; a new
+    /// window re-sums it).
+    pub fn replace(&self, spec: &TenantsSpec) {
+        self.book
+            .set_window(spec.window_secs, unix_micros() / 1_000_000);
+        self.table.store(Arc::new(Table::new(spec)));
+    }
+
+    /// The tenant whose key `token` is, if any.
+    pub fn tenant_of(&self, token: &[u8]) -> Option<Arc<Tenant>> {
+        self.table.load().by_key.get(&sha256(token)).cloned()
+    }
+
+    /// Admits one request of `tenant` needing `request` (one request,
+    /// its token estimates), or says which limit it breaks.
+    pub fn admit(&self, tenant: &Tenant, request: Usage) -> Decision {
+        let window_secs = self.table.load().window_secs;
+        let now_us = unix_micros();
+        let now_sec = now_us / 1_000_000;
+        let limits = tenant.limits;
+        let mut before = TenantTotals::default();
+        let result = self.book.admit(&tenant.name, now_sec, request, |totals| {
+            limits::check(&limits, totals, &request).inspect_err(|_| before = *totals)
+        });
+        match result {
+            Ok(after) => {
+                tenant.admitted.increment(1);
+                let ticket = TenantTicket {
+                    book: self.book.clone(),
+                    tenant: tenant.name.clone(),
+                    admitted_sec: now_sec,
+                    booked: request,
+                    tail: UsageTail::default(),
+                };
+                let headers = limits::headers(&limits, &after, window_secs, now_us);
+                Decision::Admitted(ticket, headers)
+            }
+            Err(exceeded) => {
+                let at = exceeded.reason.index();
+                tenant.rejections[at].increment(1);
+                tenant.refused[at].fetch_add(1, Ordering::Relaxed);
+                let window = self.book.window(&tenant.name, now_sec);
+                let breach = limits::breach(&exceeded, &window);
+                let headers = limits::headers(&limits, &before, window_secs, now_us);
+                Decision::Refused(breach, headers)
+            }
+        }
+    }
+
+    /// The operator's view: every configured tenant's limits, fleet-wide
+    /// usage this window, and this replica's refusals.
+    pub fn status(&self) -> TenantsStatus {
+        let table = self.table.load();
+        let now_sec = unix_micros() / 1_000_000;
+        let tenants = table
+            .tenants
+            .iter()
+            .map(|t| {
+                let window = self.book.window(&t.name, now_sec);
+                let used = window.total();
+                TenantStatus {
+                    name: t.name.to_string(),
+                    limits: LimitsView {
+                        requests: t.limits.requests,
+                        tokens: t.limits.tokens,
+                        input_tokens: t.limits.input_tokens,
+                        output_tokens: t.limits.output_tokens,
+                        max_concurrent: t.limits.max_concurrent,
+                    },
+                    used: UsedView {
+                        requests: used.requests,
+                        tokens: used.input_tokens.saturating_add(used.output_tokens),
+                        input_tokens: used.input_tokens,
+                        output_tokens: used.output_tokens,
+                        in_flight: window.in_flight,
+                    },
+                    rejected: Reason::ALL
+                        .iter()
+                        .map(|r| (r.code(), t.refused[r.index()].load(Ordering::Relaxed)))
+                        .collect(),
+                }
+            })
+            .collect();
+        TenantsStatus {
+            window_secs: table.window_secs,
+            tenants,
+        }
+    }
+}
+
+/// `GET /tenants`.
+#[derive(Debug, Serialize)]
+pub struct TenantsStatus {
+    /// Seconds of the sliding window.
+    pub window_secs: u64,
+    /// Every configured tenant.
+    pub tenants: Vec<TenantStatus>,
+}
+
+/// One tenant in `GET /tenants`.
+#[derive(Debug, Serialize)]
+pub struct TenantStatus {
+    /// Its name.
+    pub name: String,
+    /// Its allowances per window (`null`: unlimited).
+    pub limits: LimitsView,
+    /// Its usage this window, fleet-wide.
+    pub used: UsedView,
+    /// Requests this replica refused since the tenants file was (re)loaded,
+    /// by reason.
+    pub rejected: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// Allowances per window, as `GET /tenants` shows them.
+#[derive(Debug, Serialize)]
+pub struct LimitsView {
+    /// Requests.
+    pub requests: Option<u64>,
+    /// Input plus output tokens.
+    pub tokens: Option<u64>,
+    /// Input tokens.
+    pub input_tokens: Option<u64>,
+    /// Output tokens.
+    pub output_tokens: Option<u64>,
+    /// Requests in flight at once.
+    pub max_concurrent: Option<u64>,
+}
+
+/// Usage this window, fleet-wide, as `GET /tenants` shows it.
+#[derive(Debug, Serialize)]
+pub struct UsedView {
+    /// Requests admitted.
+    pub requests: u64,
+    /// Input plus output tokens.
+    pub tokens: u64,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Requests in flight now.
+    pub in_flight: u64,
+}
+
+/// Appends `headers` to `map`.
+pub fn add_headers(map: &mut HeaderMap, headers: Vec<(HeaderName, HeaderValue)>) {
+    for (name, value) in headers {
+        map.insert(name, value);
+    }
+}
