@@ -314,7 +314,7 @@ impl Core {
         if counted_moved {
             tables.state.set_counted(&counted);
             self.tenants
-                .set_counted(&counted, crate::identity::unix_micros() / 1_000_000);
+                .set_counted(&counted, crate::identity::unix_secs());
             tables.counted = counted;
             let mut names: Vec<Arc<str>> = tables.counted.iter().map(|i| i.name.clone()).collect();
             names.push(self.me.name.clone());

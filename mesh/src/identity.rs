@@ -45,6 +45,12 @@ pub fn unix_micros() -> u64 {
         .unwrap_or(0)
 }
 
+/// Wall clock in whole seconds since the Unix epoch (the unit tenant
+/// usage is booked in).
+pub fn unix_secs() -> u64 {
+    unix_micros() / 1_000_000
+}
+
 /// Wall clock in milliseconds since the Unix epoch.
 pub fn unix_millis() -> u64 {
     unix_micros() / 1000

@@ -345,7 +345,7 @@ async fn receive(
                     core.telemetry.dropped("oversize_tenants");
                     continue;
                 }
-                let now_sec = crate::identity::unix_micros() / 1_000_000;
+                let now_sec = crate::identity::unix_secs();
                 for drop in core.tenants.deliver(peer, frame, now_sec) {
                     core.telemetry.dropped(drop.reason());
                 }

@@ -259,6 +259,7 @@ pub fn describe_metrics() {
         "bad_tenant_name",
         "bad_tenant_seconds",
         "tenant_clock",
+        "unknown_tenant",
     ] {
         metrics::counter!("shoal_mesh_frames_dropped_total", "reason" => reason).increment(0);
     }

@@ -10,6 +10,7 @@ pub mod frame_size;
 pub mod frames;
 pub mod load;
 pub mod slot_pack;
+pub mod tenant_frames;
 
 pub use counts::LoadCounts;
 pub use figures::LoadFigures;

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use divan::{Bencher, black_box};
 use shoal::tenants::file::parse;
 use shoal::tenants::{Decision, TenantGate};
+use shoal_mesh::TenantBook;
 use shoal_mesh::identity::{Incarnation, unix_micros};
-use shoal_mesh::{TenantBook, Usage};
 use shoal_proto::frames::{MAX_TENANTS_PER_FRAME, TenantEntry, TenantSecond, TenantsFrame};
 
 const TENANTS: usize = 1_000;
@@ -61,6 +61,7 @@ fn gate() -> TenantGate {
             .collect();
         for chunk in entries.chunks(MAX_TENANTS_PER_FRAME) {
             let frame = TenantsFrame {
+                sent_unix_sec: now,
                 entries: chunk.to_vec(),
             };
             book.absorb_as_peer(&peer, frame, now);
@@ -69,7 +70,7 @@ fn gate() -> TenantGate {
     let gate = TenantGate::new(&spec, book);
     // Print what the window holds, so the figure is read with its load.
     let t0 = gate.tenant_of(key(0).as_bytes()).unwrap();
-    match gate.admit(&t0, request()) {
+    match gate.admit(&t0, 1_000, Some(200)) {
         Decision::Admitted(_, headers) => eprintln!(
             "tenants bench: {TENANTS} tenants, {PEERS} peers + this replica, {WINDOW} s window; \
              {} rate-limit headers per answer",
@@ -78,14 +79,6 @@ fn gate() -> TenantGate {
         Decision::Refused(breach, _) => panic!("refused: {}", breach.message),
     }
     gate
-}
-
-fn request() -> Usage {
-    Usage {
-        requests: 1,
-        input_tokens: 1_000,
-        output_tokens: 200,
-    }
 }
 
 #[divan::bench]
@@ -109,7 +102,7 @@ fn admit_and_release(bencher: Bencher) {
     bencher.bench_local(|| {
         let i = next.fetch_add(7, Ordering::Relaxed) % TENANTS;
         // The ticket drops here: the request's release is part of the cost.
-        black_box(gate.admit(&tenants[i], request()))
+        black_box(gate.admit(&tenants[i], 1_000, Some(200)))
     });
 }
 
@@ -121,6 +114,6 @@ fn key_then_admit_and_release(bencher: Bencher) {
     bencher.bench_local(|| {
         let i = next.fetch_add(7, Ordering::Relaxed) % TENANTS;
         let tenant = gate.tenant_of(keys[i].as_bytes()).unwrap();
-        black_box(gate.admit(&tenant, request()))
+        black_box(gate.admit(&tenant, 1_000, Some(200)))
     });
 }

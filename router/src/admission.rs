@@ -268,17 +268,24 @@ impl http_body::Body for AdmittedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        let ticket = this.held.as_mut().and_then(|h| h.ticket.as_mut());
-        match (&polled, ticket) {
-            (Poll::Ready(Some(Ok(frame))), Some(ticket)) => {
-                if let Some(data) = frame.data_ref() {
-                    ticket.observe(data);
-                }
+        // hyper stops polling once the body says it ended with its last
+        // data frame, so the end is that frame or `None`, whichever comes.
+        let ended = match &polled {
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Ready(None) => true,
+            _ => false,
+        };
+        if let Some(ticket) = this.held.as_mut().and_then(|h| h.ticket.as_mut()) {
+            if let Poll::Ready(Some(Ok(frame))) = &polled
+                && let Some(data) = frame.data_ref()
+            {
+                ticket.observe(data);
             }
-            (Poll::Ready(None), Some(ticket)) => ticket.settle(),
-            _ => {}
+            if ended {
+                ticket.settle();
+            }
         }
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+        if ended || matches!(polled, Poll::Ready(Some(Err(_)))) {
             this.held = None;
         }
         polled

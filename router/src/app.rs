@@ -119,7 +119,13 @@ impl Server {
             key: security.worker_tls_key.as_deref(),
         })
         .map_err(StartError::Security)?;
-        let auth = config.security.auth().map_err(StartError::Security)?;
+        // Read once: the keys the gate admits and the tenants' limits come
+        // from the same version of the file.
+        let tenants_spec = config.security.tenants().map_err(StartError::Security)?;
+        let auth = config
+            .security
+            .auth_with(tenants_spec.as_ref())
+            .map_err(StartError::Security)?;
         let auth = Arc::new(ArcSwap::from_pointee(auth));
         let forwarder = proxy::Forwarder {
             connector: engine_h1::Connector {
@@ -138,17 +144,13 @@ impl Server {
         let route_metrics =
             Route::ALL.map(|route| Arc::new(telemetry::RouteMetrics::register(route.label())));
         // After the recorder: each tenant registers its counters once.
-        let tenants = config
-            .security
-            .tenants()
-            .map_err(StartError::Security)?
-            .map(|spec| {
-                let book = match &mesh {
-                    Some(mesh) => mesh.tenant_book(),
-                    None => Arc::new(shoal_mesh::TenantBook::local()),
-                };
-                crate::tenants::TenantGate::new(&spec, book)
-            });
+        let tenants = tenants_spec.map(|spec| {
+            let book = match &mesh {
+                Some(mesh) => mesh.tenant_book(),
+                None => Arc::new(shoal_mesh::TenantBook::local()),
+            };
+            crate::tenants::TenantGate::new(&spec, book)
+        });
         let state = AppState {
             registry,
             sources,

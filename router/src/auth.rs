@@ -121,7 +121,8 @@ impl Keys {
     }
 }
 
-fn sha256(bytes: &[u8]) -> [u8; 32] {
+/// The SHA-256 digest keys are held and looked up as (never the key).
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(digest(&SHA256, bytes).as_ref());
     out

@@ -38,20 +38,27 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
     let current = state.config.as_ref();
     let new = Config::load_from(current.argv.0.clone()).map_err(|e| e.to_string())?;
     // Everything that can fail first: then nothing is half applied.
-    let auth = new.security.auth()?;
     let tenants = new.security.tenants()?;
+    if state.tenants.is_some() != tenants.is_some() {
+        // Tenant keys without their gate would pass unlimited, and a gate
+        // without its keys would refuse them: neither half applies.
+        return Err(
+            "--tenants-file was added or removed: that needs a restart; \
+                    nothing was applied"
+                .into(),
+        );
+    }
+    let auth = new.security.auth_with(tenants.as_ref())?;
     logging::parse_level(&new.log_level)?;
     let mut done = Reloaded::default();
+    // The new limits before the new keys: a new tenant key is never
+    // admitted before its limits are in force.
+    if let (Some(gate), Some(spec)) = (&state.tenants, &tenants) {
+        gate.replace(spec);
+        done.applied.push("tenants");
+    }
     state.auth.store(Arc::new(auth));
     done.applied.push("keys");
-    match (&state.tenants, &tenants) {
-        (Some(gate), Some(spec)) => {
-            gate.replace(spec);
-            done.applied.push("tenants");
-        }
-        (None, None) => {}
-        _ => done.need_restart.push("tenants-file"),
-    }
     state.sources.set_seeds(&new.worker_urls);
     done.applied.push("worker-urls");
     if new.routing.policy == current.routing.policy {

@@ -271,7 +271,7 @@ impl Outbox {
         // Tenant usage is not diffed against the transcript: its current
         // values (newer than or equal to the last round's) go out whole,
         // and later rounds carry only what changes after them.
-        frames.extend(core.tenants.full_frames(unix_micros() / 1_000_000)?);
+        frames.extend(core.tenants.full_frames(crate::identity::unix_secs())?);
         Ok(TranscriptCopy {
             frames,
             set_bytes: set.bytes,

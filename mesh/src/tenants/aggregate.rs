@@ -69,7 +69,7 @@ impl Aggregate {
         let steps = leaving_to.saturating_sub(leaving_from).min(RING);
         for sec in leaving_to.saturating_sub(steps)..leaving_to {
             let gone = std::mem::take(self.slot(sec));
-            self.total.sub(gone);
+            self.total.sub_saturating(gone);
         }
         self.head = now_sec;
     }
@@ -80,14 +80,14 @@ impl Aggregate {
             return;
         }
         let slot = self.slot(sec);
-        slot.sub(delta.old);
-        slot.add(delta.new);
-        self.total.sub(delta.old);
-        self.total.add(delta.new);
+        slot.sub_saturating(delta.old);
+        slot.add_saturating(delta.new);
+        self.total.sub_saturating(delta.old);
+        self.total.add_saturating(delta.new);
     }
 
     /// Adds `usage` at second `sec`.
-    pub(super) fn add(&mut self, sec: u64, usage: Usage) {
+    pub(super) fn add_at(&mut self, sec: u64, usage: Usage) {
         self.apply(
             sec,
             Delta {
@@ -111,7 +111,7 @@ impl Aggregate {
             .collect();
         if let Some(newest) = out.last_mut() {
             for s in self.head + 1..=self.head + AHEAD_SECS {
-                newest.add(self.ring[(s % RING) as usize]);
+                newest.add_saturating(self.ring[(s % RING) as usize]);
             }
         }
         (first, out)
@@ -132,9 +132,9 @@ mod tests {
     #[test]
     fn the_total_follows_adds_and_the_window_sliding_past_them() {
         let mut agg = Aggregate::new(10, 100);
-        agg.add(100, req(2));
-        agg.add(95, req(1));
-        agg.add(90, req(7)); // before the window: not summed
+        agg.add_at(100, req(2));
+        agg.add_at(95, req(1));
+        agg.add_at(90, req(7)); // before the window: not summed
         assert_eq!(agg.total().requests, 3);
         agg.advance(104);
         assert_eq!(agg.total().requests, 3, "95 stays until 105");
@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(agg.total().requests, 2);
         agg.advance(110);
         assert_eq!(agg.total().requests, 0);
-        agg.add(110, req(1));
+        agg.add_at(110, req(1));
         agg.advance(10_000);
         assert_eq!(agg.total().requests, 0, "a long gap empties it");
         assert!(agg.ring.iter().all(|u| u.requests == 0));
@@ -151,8 +151,8 @@ mod tests {
     #[test]
     fn a_second_ahead_counts_now_and_stays_until_it_leaves() {
         let mut agg = Aggregate::new(10, 100);
-        agg.add(103, req(4));
-        agg.add(100 + AHEAD_SECS + 1, req(50)); // too far ahead
+        agg.add_at(103, req(4));
+        agg.add_at(100 + AHEAD_SECS + 1, req(50)); // too far ahead
         assert_eq!(agg.total().requests, 4);
         let (first, seconds) = agg.seconds();
         assert_eq!((first, seconds.len()), (91, 10));
@@ -166,7 +166,7 @@ mod tests {
     #[test]
     fn a_replaced_value_moves_the_total_by_its_difference() {
         let mut agg = Aggregate::new(10, 100);
-        agg.add(99, req(5));
+        agg.add_at(99, req(5));
         agg.apply(
             99,
             Delta {

@@ -50,9 +50,13 @@ pub const MAX_WINDOW_SECS: u64 = MAX_TENANT_SECONDS as u64;
 /// The window a book sums over until told otherwise.
 const DEFAULT_WINDOW_SECS: u64 = MAX_WINDOW_SECS;
 
-/// How far behind the window a peer's second may lie and still be kept
-/// (a peer's second ahead may be as far as the aggregate sums ahead).
-const CLOCK_SLACK_SECS: u64 = AHEAD_SECS;
+/// How far a peer's second (on this clock) may lie behind the window, or
+/// ahead of now, and still be kept: further is stale or broken.
+const KEEP_BEYOND_WINDOW_SECS: u64 = AHEAD_SECS;
+
+/// A peer's clock offset is re-estimated when a frame says it moved by at
+/// least this much (a second either way is the frame's own rounding).
+const OFFSET_STEP_SECS: i64 = 2;
 
 /// A tenant's fleet-wide usage over the window, second by second.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +75,7 @@ impl TenantWindow {
     pub fn total(&self) -> Usage {
         let mut total = Usage::default();
         for second in &self.seconds {
-            total.add(*second);
+            total.add_saturating(*second);
         }
         total
     }
@@ -86,18 +90,35 @@ pub struct TenantTotals {
     pub in_flight: u64,
 }
 
+/// Whether a series is being added to the fleet sums or taken out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    In,
+    Out,
+}
+
 #[derive(Debug)]
 struct Book {
+    /// This incarnation's usage, by tenant.
     own: HashMap<Arc<str>, Series>,
     /// Own tenants changed since the last round: the seconds touched (or
     /// none, for an in-flight change). Kept only with a mesh (a bell).
     dirty: HashMap<Arc<str>, Vec<u64>>,
+    /// What each peer said, by tenant, its seconds mapped onto this clock.
     peers: HashMap<Incarnation, HashMap<Arc<str>, Series>>,
+    /// Per peer: this clock's second minus the peer's, as first estimated.
+    offsets: HashMap<Incarnation, i64>,
+    /// The peers whose usage counts (verified links, newest runs).
     counted: HashSet<Incarnation>,
+    /// Tenants this node knows (from its tenants file); a peer's others
+    /// are dropped. `None`: every name is taken (tests, benches).
+    known: Option<HashSet<Arc<str>>>,
     /// Seconds the fleet sums cover.
-    window: u64,
+    window_secs: u64,
     /// Per tenant, own and counted peers' usage summed.
     fleet: HashMap<Arc<str>, Aggregate>,
+    /// The second idle entries were last swept in.
+    swept_sec: u64,
 }
 
 impl Default for Book {
@@ -106,9 +127,12 @@ impl Default for Book {
             own: HashMap::new(),
             dirty: HashMap::new(),
             peers: HashMap::new(),
+            offsets: HashMap::new(),
             counted: HashSet::new(),
-            window: DEFAULT_WINDOW_SECS,
+            known: None,
+            window_secs: DEFAULT_WINDOW_SECS,
             fleet: HashMap::new(),
+            swept_sec: 0,
         }
     }
 }
@@ -116,7 +140,7 @@ impl Default for Book {
 impl Book {
     /// `tenant`'s fleet sum, moved to `now_sec` (made if missing).
     fn aggregate(&mut self, tenant: &Arc<str>, now_sec: u64) -> &mut Aggregate {
-        let window = self.window;
+        let window = self.window_secs;
         let agg = self
             .fleet
             .entry(tenant.clone())
@@ -125,23 +149,88 @@ impl Book {
         agg
     }
 
-    /// Adds (`sign` true) or takes out every second and the in-flight
-    /// count of `series` into `tenant`'s sum.
-    fn count_series(&mut self, tenant: &Arc<str>, series: &Series, now_sec: u64, sign: bool) {
+    /// Adds every second and the in-flight count of `series` to
+    /// `tenant`'s sum, or takes them out.
+    fn count_series(&mut self, tenant: &Arc<str>, series: &Series, now_sec: u64, how: Count) {
         let agg = self.aggregate(tenant, now_sec);
         for (sec, usage) in &series.seconds {
-            let (old, new) = if sign {
-                (Usage::default(), *usage)
-            } else {
-                (*usage, Usage::default())
+            let (old, new) = match how {
+                Count::In => (Usage::default(), *usage),
+                Count::Out => (*usage, Usage::default()),
             };
             agg.apply(*sec, Delta { old, new });
         }
-        agg.in_flight = if sign {
-            agg.in_flight.saturating_add(series.in_flight)
-        } else {
-            agg.in_flight.saturating_sub(series.in_flight)
+        agg.in_flight = match how {
+            Count::In => agg.in_flight.saturating_add(series.in_flight),
+            Count::Out => agg.in_flight.saturating_sub(series.in_flight),
         };
+    }
+
+    /// Adds every series of peer `inc` to the sums, or takes them out.
+    fn count_peer(&mut self, inc: &Incarnation, now_sec: u64, how: Count) {
+        let Some(tenants) = self.peers.get(inc).cloned() else {
+            return;
+        };
+        for (tenant, series) in &tenants {
+            self.count_series(tenant, series, now_sec, how);
+            self.drop_if_idle(tenant);
+        }
+    }
+
+    /// Maps peer `from`'s seconds onto this clock: the offset first
+    /// estimated from a frame sent at `sent_sec` and received at
+    /// `now_sec`, kept until a frame says it moved by
+    /// [`OFFSET_STEP_SECS`] (then the peer's seconds are moved with it).
+    fn offset_of(&mut self, from: &Incarnation, sent_sec: u64, now_sec: u64) -> i64 {
+        let estimate = i64::try_from(now_sec)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(sent_sec).unwrap_or(i64::MAX));
+        let Some(offset) = self.offsets.get(from).copied() else {
+            self.offsets.insert(from.clone(), estimate);
+            return estimate;
+        };
+        let moved = estimate.saturating_sub(offset);
+        if moved.abs() < OFFSET_STEP_SECS {
+            return offset;
+        }
+        let counted = self.counted.contains(from);
+        if counted {
+            self.count_peer(from, now_sec, Count::Out);
+        }
+        if let Some(tenants) = self.peers.get_mut(from) {
+            for series in tenants.values_mut() {
+                for (sec, _) in series.seconds.iter_mut() {
+                    *sec = shift(*sec, moved);
+                }
+            }
+        }
+        if counted {
+            self.count_peer(from, now_sec, Count::In);
+        }
+        self.offsets.insert(from.clone(), estimate);
+        estimate
+    }
+
+    /// Once a second: forgets what nothing refreshes — sums with nothing
+    /// in them, peers' seconds behind the window and idle series.
+    fn sweep(&mut self, now_sec: u64) {
+        if now_sec == self.swept_sec {
+            return;
+        }
+        self.swept_sec = now_sec;
+        let earliest = (now_sec + 1)
+            .saturating_sub(MAX_WINDOW_SECS)
+            .saturating_sub(KEEP_BEYOND_WINDOW_SECS);
+        for tenants in self.peers.values_mut() {
+            tenants.retain(|_, series| {
+                series.trim(earliest);
+                !series.is_idle()
+            });
+        }
+        self.fleet.retain(|_, agg| {
+            agg.advance(now_sec);
+            agg.in_flight > 0 || agg.total() != Usage::default()
+        });
     }
 
     /// Recomputes every sum from the series (after the window changed).
@@ -159,7 +248,7 @@ impl Book {
             .flat_map(|(_, tenants)| tenants.iter().map(|(t, s)| (t.clone(), s.clone())))
             .collect();
         for (tenant, series) in own.iter().chain(&counted) {
-            self.count_series(tenant, series, now_sec, true);
+            self.count_series(tenant, series, now_sec, Count::In);
         }
     }
 
@@ -199,8 +288,11 @@ pub(crate) enum TenantDrop {
     Name,
     /// More seconds than the longest window.
     Seconds,
-    /// A second too far from this node's clock.
+    /// A second too far from this node's clock (after mapping the peer's
+    /// clock onto it): stale, or a broken clock.
     Clock,
+    /// A tenant this node's tenants file does not name.
+    Unknown,
 }
 
 impl TenantDrop {
@@ -210,6 +302,7 @@ impl TenantDrop {
             TenantDrop::Name => "bad_tenant_name",
             TenantDrop::Seconds => "bad_tenant_seconds",
             TenantDrop::Clock => "tenant_clock",
+            TenantDrop::Unknown => "unknown_tenant",
         }
     }
 }
@@ -220,6 +313,8 @@ impl TenantBook {
         Self::default()
     }
 
+    /// A book whose own changes ring `bell`, so the mesh's next round
+    /// carries them to the peers.
     pub(crate) fn meshed(bell: &Arc<ChangeBell>) -> Self {
         Self {
             book: Mutex::default(),
@@ -242,10 +337,17 @@ impl TenantBook {
     pub fn set_window(&self, secs: u64, now_sec: u64) {
         let secs = secs.clamp(1, MAX_WINDOW_SECS);
         let mut book = self.lock();
-        if book.window != secs {
-            book.window = secs;
+        if book.window_secs != secs {
+            book.window_secs = secs;
             book.rebuild(now_sec);
         }
+    }
+
+    /// The tenants this node knows (its tenants file's): a peer's entries
+    /// for others are dropped and counted, so what a peer can make this
+    /// node keep is bounded by the file, whatever the peer sends.
+    pub fn set_known(&self, names: impl IntoIterator<Item = Arc<str>>) {
+        self.lock().known = Some(names.into_iter().collect());
     }
 
     /// Admits one request of `tenant` at second `now_sec` if `check`
@@ -262,32 +364,33 @@ impl TenantBook {
         check: impl FnOnce(&TenantTotals) -> Result<(), E>,
     ) -> Result<TenantTotals, E> {
         let mut book = self.lock();
+        book.sweep(now_sec);
         let agg = book.aggregate(tenant, now_sec);
         let mut totals = TenantTotals {
             used: agg.total(),
             in_flight: agg.in_flight,
         };
         check(&totals)?;
-        agg.add(now_sec, usage);
+        agg.add_at(now_sec, usage);
         agg.in_flight += 1;
         let series = book.own.entry(tenant.clone()).or_default();
         series.trim(now_sec.saturating_sub(MAX_WINDOW_SECS - 1));
-        series.slot(now_sec).add(usage);
+        series.slot(now_sec).add_saturating(usage);
         series.in_flight += 1;
         if self.bell.is_some() {
             book.mark_dirty(tenant, Some(now_sec));
         }
         drop(book);
         self.ring();
-        totals.used.add(usage);
+        totals.used.add_saturating(usage);
         totals.in_flight += 1;
         Ok(totals)
     }
 
     /// Replaces what an admitted request of `tenant` booked in second
-    /// `sec` (`booked`: its estimates) with what it used (`used`, from the
-    /// engine's report); requests are unchanged. A second already gone
-    /// from the book changes nothing.
+    /// `sec` (`booked`: its estimates) with what it used (`used`: the
+    /// engine's report, or nothing for a request that was never served).
+    /// A second already gone from the book changes nothing.
     pub fn settle(&self, tenant: &Arc<str>, sec: u64, booked: Usage, used: Usage) {
         let mut book = self.lock();
         let Some(series) = book.own.get_mut(tenant) else {
@@ -297,14 +400,8 @@ impl TenantBook {
             return;
         };
         let mut after = before;
-        after.sub(Usage {
-            requests: 0,
-            ..booked
-        });
-        after.add(Usage {
-            requests: 0,
-            ..used
-        });
+        after.sub_saturating(booked);
+        after.add_saturating(used);
         *series.slot(sec) = after;
         if let Some(agg) = book.fleet.get_mut(tenant) {
             agg.apply(
@@ -342,7 +439,7 @@ impl TenantBook {
     /// `tenant`'s fleet-wide window ending at `now_sec`, second by second.
     pub fn window(&self, tenant: &str, now_sec: u64) -> TenantWindow {
         let mut book = self.lock();
-        let window = book.window;
+        let window = book.window_secs;
         match book.fleet.get_mut(tenant) {
             Some(agg) => {
                 agg.advance(now_sec);
@@ -365,20 +462,23 @@ impl TenantBook {
     /// with nothing live left).
     pub(crate) fn frames(&self, now_sec: u64) -> Result<Vec<Vec<u8>>, FrameError> {
         let mut book = self.lock();
-        let dirty = std::mem::take(&mut book.dirty);
+        book.sweep(now_sec);
         let keep_from = now_sec.saturating_sub(MAX_WINDOW_SECS - 1);
-        let mut entries = Vec::with_capacity(dirty.len());
-        for (tenant, seconds) in dirty {
-            if let Some(series) = book.own.get(&tenant) {
-                entries.push(series.entry(&tenant, |s| seconds.contains(&s)));
+        let mut entries = Vec::with_capacity(book.dirty.len());
+        for (tenant, seconds) in &book.dirty {
+            if let Some(series) = book.own.get(tenant) {
+                entries.push(series.entry(tenant, |s| seconds.contains(&s)));
             }
         }
+        // Encoded before anything is forgotten: a failure leaves the
+        // changes flagged for the next round.
+        let frames = encode(entries, now_sec)?;
+        book.dirty.clear();
         book.own.retain(|_, series| {
             series.trim(keep_from);
             !series.is_idle()
         });
-        drop(book);
-        encode(entries)
+        Ok(frames)
     }
 
     /// Every own tenant's live seconds and in-flight count, as frames
@@ -391,7 +491,7 @@ impl TenantBook {
             .iter()
             .map(|(tenant, series)| series.entry(tenant, |s| s >= keep_from))
             .collect();
-        encode(entries)
+        encode(entries, now_sec)
     }
 
     /// Takes a peer's entries (absolute values); returns what was dropped.
@@ -403,14 +503,24 @@ impl TenantBook {
     ) -> Vec<TenantDrop> {
         let mut dropped = Vec::new();
         let mut book = self.lock();
+        book.sweep(now_sec);
         let keep_from = now_sec.saturating_sub(MAX_WINDOW_SECS - 1);
-        let earliest = keep_from.saturating_sub(CLOCK_SLACK_SECS);
-        let latest = now_sec.saturating_add(CLOCK_SLACK_SECS);
+        let earliest = keep_from.saturating_sub(KEEP_BEYOND_WINDOW_SECS);
+        let latest = now_sec.saturating_add(KEEP_BEYOND_WINDOW_SECS);
+        let offset = book.offset_of(from, frame.sent_unix_sec, now_sec);
         let counted = book.counted.contains(from);
         let mut peer = book.peers.remove(from).unwrap_or_default();
         for entry in frame.entries {
             if entry.tenant.is_empty() || entry.tenant.len() > MAX_TENANT_NAME_BYTES {
                 dropped.push(TenantDrop::Name);
+                continue;
+            }
+            if book
+                .known
+                .as_ref()
+                .is_some_and(|known| !known.contains(entry.tenant.as_str()))
+            {
+                dropped.push(TenantDrop::Unknown);
                 continue;
             }
             if entry.seconds.len() > MAX_TENANT_SECONDS {
@@ -426,7 +536,8 @@ impl TenantBook {
             let in_flight_before = series.in_flight;
             series.in_flight = entry.in_flight;
             for second in entry.seconds {
-                if second.unix_sec < earliest || second.unix_sec > latest {
+                let sec = shift(second.unix_sec, offset);
+                if sec < earliest || sec > latest {
                     dropped.push(TenantDrop::Clock);
                     continue;
                 }
@@ -435,8 +546,8 @@ impl TenantBook {
                     input_tokens: second.input_tokens,
                     output_tokens: second.output_tokens,
                 };
-                let slot = series.slot(second.unix_sec);
-                changes.push((second.unix_sec, Delta { old: *slot, new }));
+                let slot = series.slot(sec);
+                changes.push((sec, Delta { old: *slot, new }));
                 *slot = new;
             }
             // Bounded: every second kept lies between `earliest` and `latest`.
@@ -469,16 +580,11 @@ impl TenantBook {
             .cloned()
             .collect();
         for inc in gone {
-            let was_counted = book.counted.contains(&inc);
-            let Some(tenants) = book.peers.remove(&inc) else {
-                continue;
-            };
-            if was_counted {
-                for (tenant, series) in &tenants {
-                    book.count_series(tenant, series, now_sec, false);
-                    book.drop_if_idle(tenant);
-                }
+            if book.counted.contains(&inc) {
+                book.count_peer(&inc, now_sec, Count::Out);
             }
+            book.peers.remove(&inc);
+            book.offsets.remove(&inc);
         }
         let joined: Vec<Incarnation> = counted
             .iter()
@@ -486,18 +592,14 @@ impl TenantBook {
             .cloned()
             .collect();
         for inc in joined {
-            let Some(tenants) = book.peers.get(&inc).cloned() else {
-                continue;
-            };
-            for (tenant, series) in &tenants {
-                book.count_series(tenant, series, now_sec, true);
-            }
+            book.count_peer(&inc, now_sec, Count::In);
         }
         book.counted = counted.clone();
     }
 
     /// Tenants with any usage counted here (own or a counted peer's).
-    pub fn tenants(&self) -> Vec<Arc<str>> {
+    #[cfg(test)]
+    pub(crate) fn tenants(&self) -> Vec<Arc<str>> {
         let mut names: Vec<Arc<str>> = self.lock().fleet.keys().cloned().collect();
         names.sort();
         names
@@ -516,15 +618,27 @@ impl TenantBook {
     }
 }
 
-fn encode(entries: Vec<TenantEntry>) -> Result<Vec<Vec<u8>>, FrameError> {
+/// `entries` as frames of at most [`MAX_TENANTS_PER_FRAME`], stamped with
+/// this clock's second `now_sec`.
+fn encode(entries: Vec<TenantEntry>, now_sec: u64) -> Result<Vec<Vec<u8>>, FrameError> {
     entries
         .chunks(MAX_TENANTS_PER_FRAME)
         .map(|chunk| {
             encode_prefixed(&Frame::Tenants(TenantsFrame {
+                sent_unix_sec: now_sec,
                 entries: chunk.to_vec(),
             }))
         })
         .collect()
+}
+
+/// `sec` moved by `offset` seconds (never below 0).
+fn shift(sec: u64, offset: i64) -> u64 {
+    if offset >= 0 {
+        sec.saturating_add(offset.unsigned_abs())
+    } else {
+        sec.saturating_sub(offset.unsigned_abs())
+    }
 }
 
 #[cfg(test)]

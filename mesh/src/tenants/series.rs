@@ -17,13 +17,13 @@ pub struct Usage {
 }
 
 impl Usage {
-    pub(super) fn add(&mut self, other: Usage) {
+    pub(super) fn add_saturating(&mut self, other: Usage) {
         self.requests = self.requests.saturating_add(other.requests);
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
     }
 
-    pub(super) fn sub(&mut self, other: Usage) {
+    pub(super) fn sub_saturating(&mut self, other: Usage) {
         self.requests = self.requests.saturating_sub(other.requests);
         self.input_tokens = self.input_tokens.saturating_sub(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_sub(other.output_tokens);

@@ -76,6 +76,7 @@ fn a_peers_usage_counts_only_while_the_peer_counts() {
     let book = TenantBook::local();
     book.set_window(10, NOW);
     let frame = TenantsFrame {
+        sent_unix_sec: NOW,
         entries: vec![TenantEntry {
             tenant: "acme".into(),
             in_flight: 2,
@@ -117,6 +118,7 @@ fn peer_values_are_absolute_so_a_repeat_or_a_newer_value_never_adds_up() {
     book.set_window(10, NOW);
     book.set_counted(&counted(&["b"]), NOW);
     let at = |requests| TenantsFrame {
+        sent_unix_sec: NOW,
         entries: vec![TenantEntry {
             tenant: "acme".into(),
             in_flight: 0,
@@ -180,6 +182,7 @@ fn bad_entries_are_dropped_and_named_and_the_rest_applies() {
         output_tokens: 0,
     };
     let frame = TenantsFrame {
+        sent_unix_sec: NOW,
         entries: vec![
             TenantEntry {
                 tenant: String::new(),
@@ -224,6 +227,7 @@ fn a_peers_second_ahead_of_this_clock_counts_now() {
     book.set_window(10, NOW);
     book.set_counted(&counted(&["b"]), NOW);
     let frame = TenantsFrame {
+        sent_unix_sec: NOW,
         entries: vec![TenantEntry {
             tenant: "acme".into(),
             in_flight: 0,
@@ -309,6 +313,8 @@ fn running_sums_equal_the_series_whatever_happens() {
     };
     let mut now = NOW;
     let mut counted_now: Vec<&str> = Vec::new();
+    // Each peer's clock is off by its own amount, and steps now and then.
+    let mut skews: [i64; 3] = [0, 7, -13];
     book.set_window(10, now);
     for step in 0..5_000 {
         let tenant = &tenants[next(3) as usize];
@@ -323,6 +329,7 @@ fn running_sums_equal_the_series_whatever_happens() {
                     book.finish(tenant);
                 }
             }
+            3 if next(10) == 0 => skews[next(3) as usize] += next(9) as i64 - 4,
             3 => book.settle(tenant, now - next(3), usage(1, 10), usage(1, next(30))),
             4 => {
                 let peer = peers[next(3) as usize];
@@ -334,8 +341,11 @@ fn running_sums_equal_the_series_whatever_happens() {
                 book.set_counted(&counted(&counted_now), now);
             }
             _ => {
-                let sec = now + next(40) - next(100).min(now);
+                let p = next(3) as usize;
+                let their_now = shift(now, skews[p]);
+                let sec = their_now + next(40) - next(100).min(their_now);
                 let frame = TenantsFrame {
+                    sent_unix_sec: their_now,
                     entries: vec![TenantEntry {
                         tenant: tenant.to_string(),
                         in_flight: next(5),
@@ -347,7 +357,7 @@ fn running_sums_equal_the_series_whatever_happens() {
                         }],
                     }],
                 };
-                book.deliver(&peer(peers[next(3) as usize]), frame, now);
+                book.deliver(&peer(peers[p]), frame, now);
             }
         }
         for tenant in &tenants {
@@ -365,7 +375,7 @@ fn running_sums_equal_the_series_whatever_happens() {
 /// What `tenant`'s window at `now` holds, summed from the series.
 fn brute_force(book: &TenantBook, tenant: &str, now: u64) -> (Usage, u64) {
     let inner = book.lock();
-    let window = inner.window;
+    let window = inner.window_secs;
     let counted_peers = inner
         .peers
         .iter()
@@ -377,9 +387,60 @@ fn brute_force(book: &TenantBook, tenant: &str, now: u64) -> (Usage, u64) {
         in_flight += series.in_flight;
         for (sec, u) in &series.seconds {
             if sec + window > now && *sec <= now + aggregate::AHEAD_SECS {
-                total.add(*u);
+                total.add_saturating(*u);
             }
         }
     }
     (total, in_flight)
+}
+
+#[test]
+fn a_peer_whose_clock_is_off_is_counted_on_this_clock() {
+    let book = TenantBook::local();
+    book.set_window(10, NOW);
+    book.set_counted(&counted(&["b"]), NOW);
+    // b's clock is 25 s behind: its "now" is NOW - 25, outside this
+    // node's 10 s window unless mapped.
+    let frame = |requests| TenantsFrame {
+        sent_unix_sec: NOW - 25,
+        entries: vec![TenantEntry {
+            tenant: "acme".into(),
+            in_flight: 0,
+            seconds: vec![TenantSecond {
+                unix_sec: NOW - 25,
+                requests,
+                input_tokens: 0,
+                output_tokens: 0,
+            }],
+        }],
+    };
+    assert!(book.deliver(&peer("b"), frame(3), NOW).is_empty());
+    assert_eq!(book.window("acme", NOW).total().requests, 3);
+    assert_eq!(book.window("acme", NOW + 9).total().requests, 3);
+    assert_eq!(
+        book.window("acme", NOW + 10).total().requests,
+        0,
+        "it leaves when a window has passed on this clock"
+    );
+}
+
+#[test]
+fn a_peers_tenants_this_node_does_not_know_are_dropped() {
+    let book = TenantBook::local();
+    book.set_window(10, NOW);
+    book.set_known([Arc::<str>::from("acme")]);
+    book.set_counted(&counted(&["b"]), NOW);
+    let frame = TenantsFrame {
+        sent_unix_sec: NOW,
+        entries: ["acme", "stranger"]
+            .iter()
+            .map(|t| TenantEntry {
+                tenant: t.to_string(),
+                in_flight: 1,
+                seconds: vec![],
+            })
+            .collect(),
+    };
+    assert_eq!(book.deliver(&peer("b"), frame, NOW), [TenantDrop::Unknown]);
+    assert_eq!(book.tenants(), vec![Arc::<str>::from("acme")]);
 }

@@ -77,16 +77,13 @@ pub struct SecurityConfig {
 }
 
 impl SecurityConfig {
-    /// Every inference key: the flag's, the keys file's and the tenants'.
-    pub fn inference_keys(&self) -> Result<Vec<Secret>, String> {
+    /// The unlimited inference keys: the flag's and the keys file's.
+    fn plain_keys(&self) -> Result<Vec<Secret>, String> {
         let mut keys = self.api_key.clone();
         if let Some(path) = &self.api_keys_file {
             let from_file =
                 crate::auth::read_keys_file(path).map_err(|e| format!("--api-keys-file {e}"))?;
             keys.extend(from_file);
-        }
-        if let Some(spec) = self.tenants()? {
-            keys.extend(spec.tenants.into_iter().flat_map(|t| t.keys));
         }
         Ok(keys)
     }
@@ -99,10 +96,15 @@ impl SecurityConfig {
             .transpose()
     }
 
-    /// The key gate these flags describe: inference keys (flag and file),
-    /// the admin key, and the key sent to engines.
-    pub fn auth(&self) -> Result<Auth, String> {
-        let inference = self.inference_keys()?;
+    /// The key gate these flags describe, with `tenants` (the tenants file
+    /// as read once by the caller, so the keys the gate admits and the
+    /// limits they get come from the same read): inference keys (flag,
+    /// keys file, tenants), the admin key, and the key sent to engines.
+    pub fn auth_with(&self, tenants: Option<&TenantsSpec>) -> Result<Auth, String> {
+        let mut inference = self.plain_keys()?;
+        if let Some(spec) = tenants {
+            inference.extend(spec.tenants.iter().flat_map(|t| t.keys.iter().cloned()));
+        }
         let admin: Vec<Secret> = self.admin_api_key.iter().cloned().collect();
         let worker = self.worker_api_key.as_ref().and_then(auth::bearer_header);
         Ok(Auth::new(Keys::new(&inference), Keys::new(&admin))
@@ -110,14 +112,30 @@ impl SecurityConfig {
             .with_loopback_admin(self.allow_loopback_admin_writes))
     }
 
-    /// Checks what can be checked at start: the keys file reads, and the
-    /// admin key is not also an inference key.
+    /// Checks what can be checked at start: the keys and tenants files
+    /// read, the admin key is no inference key, and no key is both an
+    /// unlimited one and a tenant's (which would it be?).
     pub fn validate(&self) -> Result<(), String> {
-        let keys = self.inference_keys()?;
+        let plain = self.plain_keys()?;
+        let tenants = self.tenants()?;
+        let tenant_keys = tenants
+            .iter()
+            .flat_map(|spec| &spec.tenants)
+            .flat_map(|t| t.keys.iter().map(move |k| (k, &t.name)));
+        for (key, tenant) in tenant_keys.clone() {
+            if plain.contains(key) {
+                return Err(format!(
+                    "a key of tenant `{tenant}` (--tenants-file) is also an --api-key or \
+                     --api-keys-file key: a key is either unlimited or a tenant's"
+                ));
+            }
+        }
         if let Some(admin) = &self.admin_api_key
-            && keys.contains(admin)
+            && (plain.contains(admin) || tenant_keys.clone().any(|(k, _)| k == admin))
         {
-            return Err("--admin-api-key must differ from every inference key (--api-key, --api-keys-file, --tenants-file)".into());
+            return Err("--admin-api-key must differ from every inference key \
+                 (--api-key, --api-keys-file, --tenants-file)"
+                .into());
         }
         Ok(())
     }

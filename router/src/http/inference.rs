@@ -10,10 +10,6 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode, header};
-use shoal_mesh::Usage;
-
-/// A rate-limit header for the client.
-type RateHeader = (HeaderName, HeaderValue);
 
 use super::body;
 use super::objects;
@@ -27,6 +23,9 @@ use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
 use crate::tenants::{self, Decision, TenantTicket};
 use crate::{engine_h1, otel};
+
+/// A rate-limit header for the client.
+type RateHeader = (HeaderName, HeaderValue);
 
 /// Counts a request refused by overload admission and returns its answer.
 fn refused(record: RequestRecord, reason: &'static str, response: Response) -> Response {
@@ -148,10 +147,15 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     let response = app.forwarder.forward(workers, outgoing, record).await;
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);
-    let held = Held {
-        permit,
-        ticket: grant.ticket,
-    };
+    let mut ticket = grant.ticket;
+    if let Some(ticket) = &mut ticket
+        && !response.status().is_server_error()
+    {
+        // An engine answered (its own refusals included): the charge
+        // stands. Shoal's own 5xx (no worker, timeouts) refunds it.
+        ticket.serve();
+    }
+    let held = Held { permit, ticket };
     let mut response = AdmittedBody::wrap(response, held);
     tenants::add_headers(response.headers_mut(), grant.headers);
     response
@@ -189,12 +193,7 @@ fn tenant_admission(
     let Some(tenant) = token.and_then(|t| gate.tenant_of(t)) else {
         return Ok(TenantGrant::default());
     };
-    let request = Usage {
-        requests: 1,
-        input_tokens: info.prompt_tokens,
-        output_tokens: info.max_output_tokens.unwrap_or(0),
-    };
-    match gate.admit(&tenant, request) {
+    match gate.admit(&tenant, info.prompt_tokens, info.max_output_tokens) {
         Decision::Admitted(ticket, headers) => Ok(TenantGrant {
             ticket: Some(ticket),
             headers,

@@ -3,6 +3,7 @@
 //!
 //! ```toml
 //! window_secs = 60                  # optional, 1..=60: the sliding window
+//! default_output_tokens = 1024      # optional: charged without max_tokens
 //! [tenants.acme]
 //! keys = ["sk-acme-0001"]           # at least one; inference keys too
 //! requests_per_minute = 600         # every limit is optional
@@ -31,6 +32,11 @@ use crate::auth::Secret;
 
 /// The window limits are measured over when the file names none.
 pub const DEFAULT_WINDOW_SECS: u64 = 60;
+
+/// Output tokens charged at admission to a request that sets no
+/// `max_tokens`, when the file names no `default_output_tokens` (settled
+/// to what the engine reports when it reports it).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 1024;
 
 /// One tenant's allowances per window (`None`: unlimited).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,6 +69,8 @@ pub struct TenantSpec {
 pub struct TenantsSpec {
     /// Seconds of the sliding window.
     pub window_secs: u64,
+    /// Output tokens charged to a request without `max_tokens`.
+    pub default_output_tokens: u64,
     /// The tenants, by name.
     pub tenants: Vec<TenantSpec>,
 }
@@ -71,6 +79,7 @@ pub struct TenantsSpec {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     window_secs: Option<toml::Value>,
+    default_output_tokens: Option<toml::Value>,
     #[serde(default)]
     tenants: BTreeMap<String, RawTenant>,
 }
@@ -104,7 +113,17 @@ pub fn read(path: &Path) -> Result<TenantsSpec, String> {
 
 /// Checks the text of a tenants file.
 pub fn parse(text: &str) -> Result<TenantsSpec, String> {
-    let raw: RawFile = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
+    let raw: RawFile = toml::from_str(text).map_err(|e| {
+        // The parser's message without the line it quotes (a line of
+        // keys must not reach a log), with the line's number.
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(line) => format!("line {line}: {}", one_line(e.message())),
+            None => one_line(e.message()),
+        }
+    })?;
     let window_secs = match positive("window_secs", raw.window_secs.clone()) {
         Ok(None) => DEFAULT_WINDOW_SECS,
         Ok(Some(w)) if w <= MAX_WINDOW_SECS => w,
@@ -115,6 +134,8 @@ pub fn parse(text: &str) -> Result<TenantsSpec, String> {
             ));
         }
     };
+    let default_output_tokens = positive("default_output_tokens", raw.default_output_tokens)?
+        .unwrap_or(DEFAULT_OUTPUT_TOKENS);
     if raw.tenants.is_empty() {
         return Err("no [tenants.NAME] table: a tenants file must name at least one".into());
     }
@@ -125,6 +146,7 @@ pub fn parse(text: &str) -> Result<TenantsSpec, String> {
     }
     Ok(TenantsSpec {
         window_secs,
+        default_output_tokens,
         tenants,
     })
 }
@@ -183,7 +205,7 @@ fn tenant_spec(
     })
 }
 
-/// The TOML parser's message (which quotes the offending line) on one line.
+/// The TOML parser's message on one line.
 fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -226,6 +248,7 @@ keys = ["bob-key-00001"]
             }
         );
         assert_eq!(spec.tenants[1].limits, Limits::default());
+        assert_eq!(spec.default_output_tokens, DEFAULT_OUTPUT_TOKENS);
         assert_eq!(
             parse("[tenants.a]\nkeys=[\"aaaaaaaa\"]")
                 .unwrap()
@@ -239,7 +262,8 @@ keys = ["bob-key-00001"]
     #[test]
     fn every_bad_file_is_refused_naming_what_is_wrong() {
         let cases = [
-            ("not toml [", "expected"),
+            ("not toml [", "line 1: "),
+            ("[tenants.a]\nkeys = [\"secret-key-1\", 7]", "line 2: "),
             (
                 "window_secs = 61\n[tenants.a]\nkeys=[\"aaaaaaaa\"]",
                 "window_secs = 61",
@@ -249,6 +273,10 @@ keys = ["bob-key-00001"]
                 "window_secs = 0",
             ),
             ("", "no [tenants.NAME]"),
+            (
+                "default_output_tokens = 0\n[tenants.a]\nkeys=[\"aaaaaaaa\"]",
+                "default_output_tokens = 0",
+            ),
             ("[tenants.a]\nkeys=[]", "tenant `a`: no keys"),
             ("[tenants.a]\nkeys=[\"aaaaaaaa\"]\nrpm = 3", "rpm"),
             ("colour = 1\n[tenants.a]\nkeys=[\"aaaaaaaa\"]", "colour"),
@@ -274,6 +302,7 @@ keys = ["bob-key-00001"]
         for (text, says) in cases {
             let err = parse(text).expect_err(text);
             assert!(err.contains(says), "{text:?} gave {err:?}, not {says:?}");
+            assert!(!err.contains("secret-key-1"), "a key in an error: {err}");
         }
     }
 }

@@ -36,11 +36,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use ring::digest::{SHA256, digest};
 use serde::Serialize;
-use shoal_mesh::identity::unix_micros;
+use shoal_mesh::identity::{unix_micros, unix_secs};
 use shoal_mesh::{TenantBook, TenantTotals, Usage};
 
+use crate::auth::sha256;
 pub use file::{Limits, TenantsSpec};
 pub use limits::{Breach, Reason};
 use usage::UsageTail;
@@ -52,7 +52,8 @@ pub struct Tenant {
     pub name: Arc<str>,
     /// Its allowances per window.
     pub limits: Limits,
-    /// `shoal_tenant_admitted_total{tenant}`, registered once.
+    /// `shoal_tenant_admitted_total{tenant}`, registered as the file is
+    /// loaded (not per request).
     admitted: metrics::Counter,
     /// `shoal_tenant_rejections_total{tenant,reason}`, by [`Reason::ALL`].
     rejections: [metrics::Counter; 3],
@@ -81,6 +82,7 @@ impl Tenant {
 #[derive(Debug)]
 struct Table {
     window_secs: u64,
+    default_output_tokens: u64,
     by_key: HashMap<[u8; 32], Arc<Tenant>>,
     tenants: Vec<Arc<Tenant>>,
 }
@@ -98,16 +100,11 @@ impl Table {
         }
         Self {
             window_secs: spec.window_secs,
+            default_output_tokens: spec.default_output_tokens,
             by_key,
             tenants,
         }
     }
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest(&SHA256, bytes).as_ref());
-    out
 }
 
 /// A request admitted for a tenant: holds its place among the tenant's
@@ -123,9 +120,18 @@ pub struct TenantTicket {
     booked: Usage,
     /// The answer's end, to read the engine's usage from.
     tail: UsageTail,
+    /// An engine's answer is on its way: keep the charge when dropped
+    /// (else the request was never served, and its charge is refunded).
+    served: bool,
 }
 
 impl TenantTicket {
+    /// The request is answered by an engine: it keeps its charge. Before
+    /// this, dropping the ticket refunds it (Shoal refused or failed it).
+    pub fn serve(&mut self) {
+        self.served = true;
+    }
+
     /// Feeds a piece of the answer (the end holds the engine's usage).
     pub fn observe(&mut self, piece: &[u8]) {
         self.tail.push(piece);
@@ -153,6 +159,14 @@ impl TenantTicket {
 
 impl Drop for TenantTicket {
     fn drop(&mut self) {
+        if !self.served {
+            self.book.settle(
+                &self.tenant,
+                self.admitted_sec,
+                self.booked,
+                Usage::default(),
+            );
+        }
         self.book.finish(&self.tenant);
     }
 }
@@ -177,7 +191,8 @@ impl TenantGate {
     /// A gate for `spec`, counting usage in `book` (the mesh's, or a
     /// local one).
     pub fn new(spec: &TenantsSpec, book: Arc<TenantBook>) -> Self {
-        book.set_window(spec.window_secs, unix_micros() / 1_000_000);
+        book.set_window(spec.window_secs, unix_secs());
+        book.set_known(spec.tenants.iter().map(|t| t.name.clone()));
         Self {
             table: ArcSwap::from_pointee(Table::new(spec)),
             book,
@@ -187,8 +202,9 @@ impl TenantGate {
     /// Swaps in a reloaded file (usage is kept by tenant name; a new
     /// window re-sums it).
     pub fn replace(&self, spec: &TenantsSpec) {
+        self.book.set_window(spec.window_secs, unix_secs());
         self.book
-            .set_window(spec.window_secs, unix_micros() / 1_000_000);
+            .set_known(spec.tenants.iter().map(|t| t.name.clone()));
         self.table.store(Arc::new(Table::new(spec)));
     }
 
@@ -197,10 +213,17 @@ impl TenantGate {
         self.table.load().by_key.get(&sha256(token)).cloned()
     }
 
-    /// Admits one request of `tenant` needing `request` (one request,
-    /// its token estimates), or says which limit it breaks.
-    pub fn admit(&self, tenant: &Tenant, request: Usage) -> Decision {
-        let window_secs = self.table.load().window_secs;
+    /// Admits one request of `tenant` with `input_tokens` (the prompt
+    /// estimate) and `max_tokens` (if it set one; else the file's
+    /// `default_output_tokens` is charged), or says which limit it breaks.
+    pub fn admit(&self, tenant: &Tenant, input_tokens: u64, max_tokens: Option<u64>) -> Decision {
+        let table = self.table.load();
+        let window_secs = table.window_secs;
+        let request = Usage {
+            requests: 1,
+            input_tokens,
+            output_tokens: max_tokens.unwrap_or(table.default_output_tokens),
+        };
         let now_us = unix_micros();
         let now_sec = now_us / 1_000_000;
         let limits = tenant.limits;
@@ -217,6 +240,7 @@ impl TenantGate {
                     admitted_sec: now_sec,
                     booked: request,
                     tail: UsageTail::default(),
+                    served: false,
                 };
                 let headers = limits::headers(&limits, &after, window_secs, now_us);
                 Decision::Admitted(ticket, headers)
@@ -237,7 +261,7 @@ impl TenantGate {
     /// usage this window, and this replica's refusals.
     pub fn status(&self) -> TenantsStatus {
         let table = self.table.load();
-        let now_sec = unix_micros() / 1_000_000;
+        let now_sec = unix_secs();
         let tenants = table
             .tenants
             .iter()

@@ -50,8 +50,13 @@ impl UsageTail {
 
 /// The last `"usage"` object in `text`, if it names any token count.
 pub fn reported(text: &[u8]) -> Option<Reported> {
-    let at = rfind(text, b"\"usage\"")?;
-    let object = &text[at..];
+    let at = rfind(text, b"\"usage\"")? + b"\"usage\"".len();
+    // `"usage": {` — anything but an object (`null`) says nothing.
+    let rest = text[at..].trim_ascii_start().strip_prefix(b":")?;
+    let object = rest.trim_ascii_start();
+    if object.first() != Some(&b'{') {
+        return None;
+    }
     let object = &object[..object_end(object)];
     let input = number_after(object, b"\"prompt_tokens\"")
         .or_else(|| number_after(object, b"\"input_tokens\""));
@@ -149,6 +154,11 @@ data: {"type":"message_delta","usage":{"output_tokens":15}}"#;
             None
         );
         assert_eq!(reported(br#"{"usage":null}"#), None);
+        assert_eq!(
+            reported(br#"{"usage":null,"x":{"prompt_tokens":5}}"#),
+            None,
+            "a sibling's counts are not the usage"
+        );
     }
 
     #[test]
