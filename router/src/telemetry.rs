@@ -50,6 +50,10 @@ pub const ENGINE_QUEUED_TOKENS: &str = "shoal_engine_queued_tokens";
 pub const WORKERS: &str = "shoal_workers";
 /// Inference requests refused by overload admission, by reason.
 pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
+/// Counter of a tenant's requests admitted, by tenant.
+pub const TENANT_ADMITTED_TOTAL: &str = "shoal_tenant_admitted_total";
+/// Counter of a tenant's requests refused, by tenant and reason.
+pub const TENANT_REJECTIONS_TOTAL: &str = "shoal_tenant_rejections_total";
 /// Counter of refused requests, by scope (inference, admin) and reason.
 pub const AUTH_FAILURES_TOTAL: &str = "shoal_auth_failures_total";
 /// Counter of client connections closed or refused by the front's limits.
@@ -208,7 +212,15 @@ fn describe() {
     describe_gauge!(WORKERS, "Workers registered and available.");
     describe_counter!(
         ADMISSION_REJECTED_TOTAL,
-        "Inference requests refused by admission: queue_full (429) or queue_timeout (503) of --max-concurrent-requests, fleet_saturated (503, --worker-max-inflight), request_buffer_full (503, --max-buffered-request-bytes)."
+        "Inference requests refused by admission: queue_full (429) or queue_timeout (503) of --max-concurrent-requests, fleet_saturated (503, --worker-max-inflight), request_buffer_full (503, --max-buffered-request-bytes), and the tenant limits' tenant_rate_limited, tenant_tokens_exhausted, tenant_concurrency (429)."
+    );
+    describe_counter!(
+        TENANT_ADMITTED_TOTAL,
+        "Requests of each tenant of --tenants-file admitted by this replica."
+    );
+    describe_counter!(
+        TENANT_REJECTIONS_TOTAL,
+        "Requests of each tenant refused by this replica (429), by reason: tenant_rate_limited, tenant_tokens_exhausted, tenant_concurrency; the limits hold fleet-wide."
     );
     describe_counter!(
         AUTH_FAILURES_TOTAL,

@@ -41,6 +41,7 @@ use shoal_mesh::identity::{unix_micros, unix_secs};
 use shoal_mesh::{TenantBook, TenantTotals, Usage};
 
 use crate::auth::sha256;
+use crate::telemetry::{TENANT_ADMITTED_TOTAL, TENANT_REJECTIONS_TOTAL};
 pub use file::{Limits, TenantsSpec};
 pub use limits::{Breach, Reason};
 use usage::UsageTail;
@@ -66,9 +67,9 @@ impl Tenant {
     fn new(name: Arc<str>, limits: Limits) -> Self {
         let label = name.to_string();
         Self {
-            admitted: metrics::counter!("shoal_tenant_admitted_total", "tenant" => label.clone()),
+            admitted: metrics::counter!(TENANT_ADMITTED_TOTAL, "tenant" => label.clone()),
             rejections: Reason::ALL.map(|r| {
-                metrics::counter!("shoal_tenant_rejections_total",
+                metrics::counter!(TENANT_REJECTIONS_TOTAL,
                     "tenant" => label.clone(), "reason" => r.code())
             }),
             refused: Default::default(),
