@@ -38,8 +38,9 @@ pub const DEFAULT_WINDOW_SECS: u64 = 60;
 /// to what the engine reports when it reports it).
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 1024;
 
-/// One tenant's allowances per window (`None`: unlimited).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// One tenant's allowances per window (`None`: unlimited; `null` in
+/// `GET /tenants`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Limits {
     /// Requests admitted per window.
     pub requests: Option<u64>,

@@ -271,13 +271,7 @@ impl TenantGate {
                 let used = window.total();
                 TenantStatus {
                     name: t.name.to_string(),
-                    limits: LimitsView {
-                        requests: t.limits.requests,
-                        tokens: t.limits.tokens,
-                        input_tokens: t.limits.input_tokens,
-                        output_tokens: t.limits.output_tokens,
-                        max_concurrent: t.limits.max_concurrent,
-                    },
+                    limits: t.limits,
                     used: UsedView {
                         requests: used.requests,
                         tokens: used.input_tokens.saturating_add(used.output_tokens),
@@ -314,27 +308,12 @@ pub struct TenantStatus {
     /// Its name.
     pub name: String,
     /// Its allowances per window (`null`: unlimited).
-    pub limits: LimitsView,
+    pub limits: Limits,
     /// Its usage this window, fleet-wide.
     pub used: UsedView,
     /// Requests this replica refused since the tenants file was (re)loaded,
     /// by reason.
     pub rejected: std::collections::BTreeMap<&'static str, u64>,
-}
-
-/// Allowances per window, as `GET /tenants` shows them.
-#[derive(Debug, Serialize)]
-pub struct LimitsView {
-    /// Requests.
-    pub requests: Option<u64>,
-    /// Input plus output tokens.
-    pub tokens: Option<u64>,
-    /// Input tokens.
-    pub input_tokens: Option<u64>,
-    /// Output tokens.
-    pub output_tokens: Option<u64>,
-    /// Requests in flight at once.
-    pub max_concurrent: Option<u64>,
 }
 
 /// Usage this window, fleet-wide, as `GET /tenants` shows it.
