@@ -46,7 +46,7 @@ pub struct HeldStream {
 
 /// Output tokens in one SSE event of a chat stream (0 for `[DONE]` and
 /// events without content).
-fn tokens_in(data: &str) -> u64 {
+pub fn tokens_in(data: &str) -> u64 {
     serde_json::from_str::<Value>(data)
         .ok()
         .and_then(|v| {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -148,6 +148,36 @@ pub struct Rig {
     _dir: tempfile::TempDir,
 }
 
+/// Starts `replicas` `shoal` replicas over `engines` (meshed, and waited
+/// for up to `mesh_wait`, when `mesh`), all reading a tenants file of
+/// `tenants_toml` written into `dir`; returns the fleet and the file (to
+/// rewrite for a reload). Shared by `tenant-bench` and the cross-process
+/// tenant tests.
+pub async fn start_tenant_fleet(
+    shoal: PathBuf,
+    replicas: usize,
+    mesh: bool,
+    engines: Vec<String>,
+    tenants_toml: &str,
+    dir: &Path,
+    mesh_wait: Duration,
+) -> Result<(Fleet, PathBuf), String> {
+    let file = dir.join("tenants.toml");
+    std::fs::write(&file, tenants_toml).map_err(|e| format!("{}: {e}", file.display()))?;
+    let path = file.to_string_lossy().into_owned();
+    let fleet_cfg = FleetConfig::new(shoal, replicas, engines).mesh(mesh).args([
+        "--worker-load-source",
+        "none",
+        "--tenants-file",
+        path.as_str(),
+    ]);
+    let fleet = Fleet::start(fleet_cfg).await.map_err(|e| e.0)?;
+    if mesh {
+        fleet.wait_meshed(mesh_wait).await.map_err(|e| e.0)?;
+    }
+    Ok((fleet, file))
+}
+
 impl Rig {
     /// Starts `engines` mock SGLang engines at `time_scale` and `replicas`
     /// replicas over them (meshed, and waited for, when `mesh`), all
@@ -169,26 +199,17 @@ impl Rig {
             .await
             .map_err(|e| format!("cannot start {engines} mock engines: {e}"))?;
         let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
-        let file = dir.path().join("tenants.toml");
-        std::fs::write(&file, tenants_file(tenants))
-            .map_err(|e| format!("{}: {e}", file.display()))?;
-        let path = file.to_string_lossy().into_owned();
-        let fleet_cfg =
-            FleetConfig::new(shoal, replicas, handles.iter().map(|e| e.url()).collect())
-                .mesh(mesh)
-                .args([
-                    "--worker-load-source",
-                    "none",
-                    "--tenants-file",
-                    path.as_str(),
-                ]);
-        let fleet = Fleet::start(fleet_cfg).await.map_err(|e| e.0)?;
-        if mesh {
-            fleet
-                .wait_meshed(Duration::from_secs(30))
-                .await
-                .map_err(|e| e.0)?;
-        }
+        let urls = handles.iter().map(|e| e.url()).collect();
+        let (fleet, _) = start_tenant_fleet(
+            shoal,
+            replicas,
+            mesh,
+            urls,
+            &tenants_file(tenants),
+            dir.path(),
+            Duration::from_secs(30),
+        )
+        .await?;
         Ok(Self {
             engines: handles,
             fleet,

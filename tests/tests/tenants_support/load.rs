@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
 use shoal_tests::client::{HttpClient, SseStream};
-use shoal_tests::mock::TOKEN_TEXT;
-use shoal_tests::workload::{chat, text};
+use shoal_tests::workload::{chat, text, tokens_in};
 use tokio::task::JoinSet;
 
 use super::answer::{ask, rate_headers, refusal};
@@ -192,18 +190,6 @@ pub struct Held {
     stream: SseStream,
     /// Output tokens received so far.
     received: u64,
-}
-
-/// Output tokens in one chat SSE event.
-fn tokens_in(data: &str) -> u64 {
-    serde_json::from_str::<Value>(data)
-        .ok()
-        .and_then(|v| {
-            v.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .map(|piece| piece.matches(TOKEN_TEXT).count() as u64)
-        })
-        .unwrap_or(0)
 }
 
 impl Held {

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use shoal_tests::bench::tenants::start_tenant_fleet;
 use shoal_tests::client::HttpClient;
-use shoal_tests::fleet::{Fleet, FleetConfig, locate_shoal};
+use shoal_tests::fleet::{Fleet, locate_shoal};
 use shoal_tests::mock::{EngineConfig, EngineHandle, Flavor, spawn_engines};
 
 /// The key of `acme`, the tenant most tests put limits on.
@@ -72,28 +73,20 @@ impl Rig {
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("tenants.toml");
-        std::fs::write(&file, tenants).unwrap();
         let bin = locate_shoal(None).unwrap_or_else(|e| panic!("{e}"));
-        let path = file.to_string_lossy().into_owned();
-        let fleet_cfg = FleetConfig::new(bin, replicas, engines.iter().map(|e| e.url()).collect())
-            .mesh(mesh)
-            .args([
-                "--worker-load-source",
-                "none",
-                "--tenants-file",
-                path.as_str(),
-            ]);
         let t = Instant::now();
-        let fleet = Fleet::start(fleet_cfg)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        if mesh {
-            fleet
-                .wait_meshed(Duration::from_secs(15))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
+        let urls = engines.iter().map(|e| e.url()).collect();
+        let (fleet, file) = start_tenant_fleet(
+            bin,
+            replicas,
+            mesh,
+            urls,
+            tenants,
+            dir.path(),
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         println!(
             "{replicas} replica(s){} up after {:?}",
             if mesh { ", meshed," } else { "" },
