@@ -70,7 +70,7 @@ fn gate() -> TenantGate {
     let gate = TenantGate::new(&spec, book);
     // Print what the window holds, so the figure is read with its load.
     let t0 = gate.tenant_of(key(0).as_bytes()).unwrap();
-    match gate.admit(&t0, 1_000, Some(200)) {
+    match gate.admit(&t0, None, 1_000, Some(200)) {
         Decision::Admitted(_, headers) => eprintln!(
             "tenants bench: {TENANTS} tenants, {PEERS} peers + this replica, {WINDOW} s window; \
              {} rate-limit headers per answer",
@@ -102,7 +102,7 @@ fn admit_and_release(bencher: Bencher) {
     bencher.bench_local(|| {
         let i = next.fetch_add(7, Ordering::Relaxed) % TENANTS;
         // The ticket drops here: the request's release is part of the cost.
-        black_box(gate.admit(&tenants[i], 1_000, Some(200)))
+        black_box(gate.admit(&tenants[i], None, 1_000, Some(200)))
     });
 }
 
@@ -114,6 +114,6 @@ fn key_then_admit_and_release(bencher: Bencher) {
     bencher.bench_local(|| {
         let i = next.fetch_add(7, Ordering::Relaxed) % TENANTS;
         let tenant = gate.tenant_of(keys[i].as_bytes()).unwrap();
-        black_box(gate.admit(&tenant, 1_000, Some(200)))
+        black_box(gate.admit(&tenant, None, 1_000, Some(200)))
     });
 }

@@ -50,6 +50,8 @@ pub const ENGINE_QUEUED_TOKENS: &str = "shoal_engine_queued_tokens";
 pub const WORKERS: &str = "shoal_workers";
 /// Inference requests refused by overload admission, by reason.
 pub const ADMISSION_REJECTED_TOTAL: &str = "shoal_admission_rejected_total";
+/// Requests waiting in this replica's admission queue, by class.
+pub const ADMISSION_QUEUED: &str = "shoal_admission_queued";
 /// Counter of a tenant's requests admitted, by tenant.
 pub const TENANT_ADMITTED_TOTAL: &str = "shoal_tenant_admitted_total";
 /// Counter of a tenant's requests refused, by tenant and reason.
@@ -110,6 +112,7 @@ fn zero_series() {
         "queue_timeout",
         "fleet_saturated",
         "request_buffer_full",
+        "shed",
     ] {
         counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(0);
     }
@@ -210,9 +213,13 @@ fn describe() {
         "Last polled engine generation throughput, tokens per second."
     );
     describe_gauge!(WORKERS, "Workers registered and available.");
+    describe_gauge!(
+        ADMISSION_QUEUED,
+        "Requests waiting in this replica's admission queue (--max-concurrent-requests), by class."
+    );
     describe_counter!(
         ADMISSION_REJECTED_TOTAL,
-        "Inference requests refused by admission: queue_full (429) or queue_timeout (503) of --max-concurrent-requests, fleet_saturated (503, --worker-max-inflight), request_buffer_full (503, --max-buffered-request-bytes), and the tenant limits' tenant_rate_limited, tenant_tokens_exhausted, tenant_concurrency (429)."
+        "Inference requests refused by admission: queue_full (429) or queue_timeout (503) of --max-concurrent-requests, fleet_saturated (503, --worker-max-inflight), shed (429: a sheddable request at --sheddable-max-inflight, or giving its queue place to a higher class), request_buffer_full (503, --max-buffered-request-bytes), and the tenant limits' tenant_rate_limited, tenant_tokens_exhausted, tenant_concurrency (429)."
     );
     describe_counter!(
         TENANT_ADMITTED_TOTAL,

@@ -100,6 +100,15 @@ pub const QUEUE_SIZE: usize = 100;
 /// Seconds a queued request waits for a slot before 503 (SGLang gateway
 /// default).
 pub const QUEUE_TIMEOUT_SECS: u64 = 60;
+/// Seconds a queued critical request waits for a slot: as long as a
+/// standard one (it is served first, so it rarely waits at all).
+pub const CRITICAL_QUEUE_TIMEOUT_SECS: u64 = 60;
+/// Seconds a queued sheddable request waits for a slot: batch clients
+/// retry, so a short wait frees the queue sooner for the classes above.
+pub const SHEDDABLE_QUEUE_TIMEOUT_SECS: u64 = 10;
+/// Fleet-wide in-flight requests per worker at which sheddable requests
+/// are shed with 429 when every worker is there; 0 = off.
+pub const SHEDDABLE_MAX_INFLIGHT: u64 = 0;
 /// Fleet-wide in-flight requests per worker above which a request is shed
 /// with 503 when every worker is there; 0 = off.
 pub const WORKER_MAX_INFLIGHT: u64 = 0;

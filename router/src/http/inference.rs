@@ -14,14 +14,15 @@ use http::{HeaderName, HeaderValue, StatusCode, header};
 use super::body;
 use super::objects;
 use super::state::AppState;
-use crate::admission::{self, AdmittedBody, Held};
+use crate::admission::{self, AdmittedBody, Ask, Held, Priority, class};
 use crate::auth::{self, Forward};
 use crate::error::ApiError;
 use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::RequestInfo;
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
-use crate::tenants::{self, Decision, TenantTicket};
+use crate::tenants::stream_usage::{self, UsageChunkFilter};
+use crate::tenants::{self, Decision, Tenant, TenantTicket};
 use crate::{engine_h1, otel};
 
 /// A rate-limit header for the client.
@@ -74,11 +75,23 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Ok(info) => info,
         Err(error) => return record.respond(error.into_response()),
     };
-    let grant = match tenant_admission(&app, &parts.headers, &info) {
+    let tenant = tenant_of(&app, &parts.headers);
+    let ask = match queue_ask(&parts.headers, tenant.as_deref(), &info) {
+        Ok(ask) => ask,
+        Err(error) => return record.respond(error.into_response()),
+    };
+    let grant = match tenant_admission(&app, tenant, &info) {
         Ok(grant) => grant,
         Err(refusal) => return refused(record, refusal.code, *refusal.response),
     };
-    let permit = match app.admission.admit().await {
+    let sheddable_cap = app.config.admission.sheddable_max_inflight;
+    if ask.priority == Priority::Sheddable
+        && let Some(error) =
+            admission::shed_at(sheddable_cap, &app.registry.all(), app.fleet.as_ref())
+    {
+        return refused(record, "shed", admission::reject_response(error));
+    }
+    let permit = match app.admission.admit(&ask).await {
         Ok(permit) => permit,
         Err(rejection) => {
             let response = app.admission.response(rejection);
@@ -127,7 +140,22 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Ok(plan) => plan,
         Err(error) => return record.respond(error.into_response()),
     };
-    let body::ReadBody { bytes, reservation } = read;
+    let body::ReadBody {
+        mut bytes,
+        reservation,
+    } = read;
+    // A tenant's stream is settled from its usage: ask for it if the
+    // client did not (and hide it from the client again below).
+    let asked_for_usage = grant.ticket.is_some()
+        && info.stream
+        && matches!(route, Route::ChatCompletions | Route::Completions)
+        && match stream_usage::ask_for_usage(&bytes) {
+            Some(rewritten) => {
+                bytes = rewritten;
+                true
+            }
+            None => false,
+        };
     let mut outgoing = Outgoing {
         method: &parts.method,
         headers: &parts.headers,
@@ -155,10 +183,26 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         // stands. Shoal's own 5xx (no worker, timeouts) refunds it.
         ticket.serve();
     }
-    let held = Held { permit, ticket };
+    let strip = (asked_for_usage && is_event_stream(&response)).then(UsageChunkFilter::new);
+    let held = Held {
+        permit,
+        ticket,
+        strip,
+    };
     let mut response = AdmittedBody::wrap(response, held);
     tenants::add_headers(response.headers_mut(), grant.headers);
     response
+}
+
+/// Whether `response` is a stream of server-sent events (what the usage
+/// filter reads; an engine's JSON error is passed as it is).
+fn is_event_stream(response: &Response) -> bool {
+    response.status().is_success()
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
 /// What tenant admission granted a request.
@@ -177,23 +221,55 @@ struct TenantRefusal {
     response: Box<Response>,
 }
 
+/// The tenant whose key the request presents (none without
+/// `--tenants-file` or for a key that is no tenant's).
+fn tenant_of(app: &AppState, headers: &http::HeaderMap) -> Option<Arc<Tenant>> {
+    let gate = app.tenants.as_ref()?;
+    let token = auth::bearer(headers).or_else(|| auth::x_api_key(headers))?;
+    gate.tenant_of(token)
+}
+
+/// What the request asks of the admission queue: its class (its tenant's,
+/// lowered by the priority header), its fairness flow and its token-work,
+/// or a 400 naming a bad header.
+fn queue_ask(
+    headers: &http::HeaderMap,
+    tenant: Option<&Tenant>,
+    info: &RequestInfo,
+) -> Result<Ask, ApiError> {
+    let bad = |e: class::HeaderError| ApiError::bad_request("invalid_header", e.0);
+    let priority = class::priority_of(headers, tenant.map(|t| t.priority)).map_err(bad)?;
+    let anonymous: Arc<str> = Arc::from("");
+    let flow = class::flow_of(headers, tenant.map_or(&anonymous, |t| &t.name)).map_err(bad)?;
+    let output = info
+        .max_output_tokens
+        .unwrap_or(tenants::file::DEFAULT_OUTPUT_TOKENS);
+    Ok(Ask {
+        priority,
+        flow,
+        weight: tenant.map_or(1, |t| t.weight),
+        cost: info.prompt_tokens.saturating_add(output),
+    })
+}
+
 /// Admits a tenant's request against its fleet-wide limits (nothing to do
-/// without `--tenants-file` or for a key that is no tenant's): the ticket
-/// to hold with the response and the rate-limit headers to send, or the
-/// 429 to answer with (and its metric label).
+/// for a request that is no tenant's): the ticket to hold with the
+/// response and the rate-limit headers to send, or the 429 to answer with
+/// (and its metric label).
 fn tenant_admission(
     app: &AppState,
-    headers: &http::HeaderMap,
+    tenant: Option<Arc<Tenant>>,
     info: &RequestInfo,
 ) -> Result<TenantGrant, TenantRefusal> {
-    let Some(gate) = &app.tenants else {
+    let (Some(gate), Some(tenant)) = (&app.tenants, tenant) else {
         return Ok(TenantGrant::default());
     };
-    let token = auth::bearer(headers).or_else(|| auth::x_api_key(headers));
-    let Some(tenant) = token.and_then(|t| gate.tenant_of(t)) else {
-        return Ok(TenantGrant::default());
-    };
-    match gate.admit(&tenant, info.prompt_tokens, info.max_output_tokens) {
+    match gate.admit(
+        &tenant,
+        info.model.as_deref(),
+        info.prompt_tokens,
+        info.max_output_tokens,
+    ) {
         Decision::Admitted(ticket, headers) => Ok(TenantGrant {
             ticket: Some(ticket),
             headers,

@@ -12,6 +12,7 @@ use http::{StatusCode, header};
 use serde_json::{Value, json};
 
 use super::state::AppState;
+use crate::admission::class::flow_tenant;
 use crate::error::ApiError;
 use crate::workers::{Served, parse_model_list};
 use crate::{telemetry, upstream};
@@ -131,7 +132,14 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Response {
 /// this window, and this replica's refusals (an admin read).
 pub async fn tenants(State(app): State<Arc<AppState>>) -> Response {
     match &app.tenants {
-        Some(gate) => Json(gate.status()).into_response(),
+        Some(gate) => {
+            let flows = app.admission.depths();
+            let depths: Vec<_> = flows
+                .iter()
+                .map(|(flow, class, n)| (flow_tenant(flow), *class, *n))
+                .collect();
+            Json(gate.status(&depths)).into_response()
+        }
         None => ApiError::not_found("no tenants on this replica (start it with --tenants-file)")
             .into_response(),
     }

@@ -11,6 +11,10 @@
 //! input_tokens_per_minute = 150000
 //! output_tokens_per_minute = 50000
 //! max_concurrent = 32               # in flight at once, fleet-wide
+//! priority = "standard"             # critical | standard | sheddable
+//! weight = 1                        # fair share within its class
+//! [tenants.acme.models."meta-llama/Llama-3.1-70B-Instruct"]
+//! tokens_per_minute = 50000         # this model's share, on top
 //! ```
 //!
 //! A rate "per minute" is enforced over the sliding window as an allowance
@@ -28,7 +32,8 @@ use serde::Deserialize;
 use shoal_mesh::MAX_WINDOW_SECS;
 use shoal_proto::frames::MAX_TENANT_NAME_BYTES;
 
-use crate::auth::Secret;
+use super::Priority;
+use crate::auth::{Secret, sha256};
 
 /// The window limits are measured over when the file names none.
 pub const DEFAULT_WINDOW_SECS: u64 = 60;
@@ -63,6 +68,51 @@ pub struct TenantSpec {
     pub keys: Vec<Secret>,
     /// Its allowances.
     pub limits: Limits,
+    /// Its requests' class (the highest a request of it can ask for).
+    pub priority: Priority,
+    /// Its share of a contended queue relative to its class's other flows.
+    pub weight: u64,
+    /// Limits on its requests for one model, on top of its own.
+    pub models: Vec<ModelSpec>,
+}
+
+/// A tenant's limits for one model (`[tenants.NAME.models."MODEL"]`): a
+/// request for that model must fit both these and the tenant's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The model, as requests name it (`model`).
+    pub model: Arc<str>,
+    /// Where its usage is counted, in the mesh's tenant book: a digest of
+    /// tenant and model, short and the same on every replica whatever the
+    /// model's name ([`model_scope`]).
+    pub scope: Arc<str>,
+    /// Its allowances.
+    pub limits: Limits,
+}
+
+/// Longest model name the tenants file accepts, in bytes.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+/// The tenant book's name for `tenant`'s usage of `model`: `m-` and 24
+/// hex digits of a SHA-256 of both. It fits the mesh's bound on names
+/// whatever the model is called, and no tenant can share it: the file
+/// refuses tenant names of that shape.
+pub fn model_scope(tenant: &str, model: &str) -> Arc<str> {
+    let mut input = Vec::with_capacity(tenant.len() + model.len() + 1);
+    input.extend_from_slice(tenant.as_bytes());
+    input.push(0);
+    input.extend_from_slice(model.as_bytes());
+    let digest = sha256(&input);
+    let mut name = String::from("m-");
+    for b in &digest[..12] {
+        name.push_str(&format!("{b:02x}"));
+    }
+    Arc::from(name)
+}
+
+/// Whether `name` has the shape of a [`model_scope`].
+fn looks_like_scope(name: &str) -> bool {
+    name.len() == 26 && name.starts_with("m-") && name[2..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The whole file.
@@ -90,6 +140,21 @@ struct RawFile {
 struct RawTenant {
     #[serde(default)]
     keys: Vec<String>,
+    requests_per_minute: Option<toml::Value>,
+    tokens_per_minute: Option<toml::Value>,
+    input_tokens_per_minute: Option<toml::Value>,
+    output_tokens_per_minute: Option<toml::Value>,
+    max_concurrent: Option<toml::Value>,
+    priority: Option<String>,
+    weight: Option<toml::Value>,
+    #[serde(default)]
+    models: BTreeMap<String, RawLimits>,
+}
+
+/// The limits of one model of a tenant.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
     requests_per_minute: Option<toml::Value>,
     tokens_per_minute: Option<toml::Value>,
     input_tokens_per_minute: Option<toml::Value>,
@@ -163,9 +228,10 @@ fn tenant_spec(
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if !valid_name {
+    if !valid_name || looks_like_scope(name) {
         return Err(format!(
-            "tenant `{name}`: a name is 1 to {MAX_TENANT_NAME_BYTES} letters, digits, `-`, `_` or `.`"
+            "tenant `{name}`: a name is 1 to {MAX_TENANT_NAME_BYTES} letters, digits, `-`, `_` or `.` \
+             (and not `m-` and 24 hex digits: that is how per-model usage is named)"
         ));
     }
     if raw.keys.is_empty() {
@@ -185,24 +251,61 @@ fn tenant_spec(
         }
         keys.push(secret);
     }
-    let per_window = |field: &str, rate: Option<toml::Value>| {
-        positive(&format!("tenant `{name}`: {field}"), rate)
-            .map(|r| r.map(|r| allowance(r, window_secs)))
+    let limits = limits_of(
+        &format!("tenant `{name}`"),
+        RawLimits {
+            requests_per_minute: raw.requests_per_minute,
+            tokens_per_minute: raw.tokens_per_minute,
+            input_tokens_per_minute: raw.input_tokens_per_minute,
+            output_tokens_per_minute: raw.output_tokens_per_minute,
+            max_concurrent: raw.max_concurrent,
+        },
+        window_secs,
+    )?;
+    let mut models = Vec::with_capacity(raw.models.len());
+    for (model, raw_limits) in raw.models {
+        let what = format!("tenant `{name}` model `{model}`");
+        if model.is_empty() || model.len() > MAX_MODEL_NAME_BYTES {
+            return Err(format!(
+                "{what}: a model name is 1 to {MAX_MODEL_NAME_BYTES} bytes"
+            ));
+        }
+        let limits = limits_of(&what, raw_limits, window_secs)?;
+        models.push(ModelSpec {
+            scope: model_scope(name, &model),
+            model: Arc::from(model),
+            limits,
+        });
+    }
+    let priority = match raw.priority.as_deref() {
+        None => Priority::default(),
+        Some(text) => Priority::parse(text).ok_or_else(|| {
+            format!("tenant `{name}`: priority = {text:?}: must be critical, standard or sheddable")
+        })?,
     };
-    let limits = Limits {
-        requests: per_window("requests_per_minute", raw.requests_per_minute)?,
-        tokens: per_window("tokens_per_minute", raw.tokens_per_minute)?,
-        input_tokens: per_window("input_tokens_per_minute", raw.input_tokens_per_minute)?,
-        output_tokens: per_window("output_tokens_per_minute", raw.output_tokens_per_minute)?,
-        max_concurrent: positive(
-            &format!("tenant `{name}`: max_concurrent"),
-            raw.max_concurrent,
-        )?,
-    };
+    let weight = positive(&format!("tenant `{name}`: weight"), raw.weight)?.unwrap_or(1);
     Ok(TenantSpec {
         name: Arc::from(name),
         keys,
         limits,
+        priority,
+        weight,
+        models,
+    })
+}
+
+/// The allowances per window of `raw`, or an error naming `what` and the
+/// setting.
+fn limits_of(what: &str, raw: RawLimits, window_secs: u64) -> Result<Limits, String> {
+    let per_window = |field: &str, rate: Option<toml::Value>| {
+        positive(&format!("{what}: {field}"), rate).map(|r| r.map(|r| allowance(r, window_secs)))
+    };
+    Ok(Limits {
+        requests: per_window("requests_per_minute", raw.requests_per_minute)?,
+        tokens: per_window("tokens_per_minute", raw.tokens_per_minute)?,
+        input_tokens: per_window("input_tokens_per_minute", raw.input_tokens_per_minute)?,
+        output_tokens: per_window("output_tokens_per_minute", raw.output_tokens_per_minute)?,
+        max_concurrent: positive(&format!("{what}: max_concurrent"), raw.max_concurrent)?,
     })
 }
 
@@ -261,6 +364,25 @@ keys = ["bob-key-00001"]
     }
 
     #[test]
+    fn models_priority_and_weight_are_read() {
+        let text = "[tenants.acme]\nkeys=[\"aaaaaaaa\"]\npriority = \"critical\"\nweight = 3\n\
+                    [tenants.acme.models.\"org/big-model\"]\nrequests_per_minute = 60\n";
+        let spec = parse(text).unwrap();
+        let acme = &spec.tenants[0];
+        assert_eq!(acme.priority, Priority::Critical);
+        assert_eq!(acme.weight, 3);
+        assert_eq!(acme.models.len(), 1);
+        let model = &acme.models[0];
+        assert_eq!(&*model.model, "org/big-model");
+        assert_eq!(model.limits.requests, Some(60));
+        assert_eq!(model.scope, model_scope("acme", "org/big-model"));
+        assert!(looks_like_scope(&model.scope) && model.scope.len() <= MAX_TENANT_NAME_BYTES);
+        assert_ne!(model_scope("acme", "x"), model_scope("acmf", "x"));
+        let scope_named = format!("[tenants.{}]\nkeys=[\"aaaaaaaa\"]", model.scope);
+        assert!(parse(&scope_named).is_err());
+    }
+
+    #[test]
     fn every_bad_file_is_refused_naming_what_is_wrong() {
         let cases = [
             ("not toml [", "line 1: "),
@@ -299,6 +421,22 @@ keys = ["bob-key-00001"]
                 "listed twice",
             ),
             ("[tenants.\"a b\"]\nkeys=[\"aaaaaaaa\"]", "tenant `a b`"),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\n[tenants.a.models.m]\nrpm = 1",
+                "rpm",
+            ),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\n[tenants.a.models.m]\ntokens_per_minute = 0",
+                "tenant `a` model `m`: tokens_per_minute = 0",
+            ),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\npriority = \"urgent\"",
+                "tenant `a`: priority",
+            ),
+            (
+                "[tenants.a]\nkeys=[\"aaaaaaaa\"]\nweight = 0",
+                "tenant `a`: weight = 0",
+            ),
         ];
         for (text, says) in cases {
             let err = parse(text).expect_err(text);

@@ -28,9 +28,11 @@
 
 pub mod file;
 pub mod limits;
+mod priority;
+pub mod stream_usage;
 pub mod usage;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -42,8 +44,9 @@ use shoal_mesh::{TenantBook, TenantTotals, Usage};
 
 use crate::auth::sha256;
 use crate::telemetry::{TENANT_ADMITTED_TOTAL, TENANT_REJECTIONS_TOTAL};
-pub use file::{Limits, TenantsSpec};
+pub use file::{Limits, ModelSpec, TenantsSpec};
 pub use limits::{Breach, Reason};
+pub use priority::Priority;
 use usage::UsageTail;
 
 /// One configured tenant.
@@ -53,6 +56,12 @@ pub struct Tenant {
     pub name: Arc<str>,
     /// Its allowances per window.
     pub limits: Limits,
+    /// Its requests' class (the highest one a request can ask for).
+    pub priority: Priority,
+    /// Its share of a contended queue within its class.
+    pub weight: u64,
+    /// Its limits per model, by model name.
+    pub models: HashMap<Arc<str>, ModelSpec>,
     /// `shoal_tenant_admitted_total{tenant}`, registered as the file is
     /// loaded (not per request).
     admitted: metrics::Counter,
@@ -64,7 +73,8 @@ pub struct Tenant {
 }
 
 impl Tenant {
-    fn new(name: Arc<str>, limits: Limits) -> Self {
+    fn new(spec: &file::TenantSpec) -> Self {
+        let name = spec.name.clone();
         let label = name.to_string();
         Self {
             admitted: metrics::counter!(TENANT_ADMITTED_TOTAL, "tenant" => label.clone()),
@@ -74,7 +84,14 @@ impl Tenant {
             }),
             refused: Default::default(),
             name,
-            limits,
+            limits: spec.limits,
+            priority: spec.priority,
+            weight: spec.weight,
+            models: spec
+                .models
+                .iter()
+                .map(|m| (m.model.clone(), m.clone()))
+                .collect(),
         }
     }
 }
@@ -93,7 +110,7 @@ impl Table {
         let mut by_key = HashMap::new();
         let mut tenants = Vec::with_capacity(spec.tenants.len());
         for t in &spec.tenants {
-            let tenant = Arc::new(Tenant::new(t.name.clone(), t.limits));
+            let tenant = Arc::new(Tenant::new(t));
             for key in &t.keys {
                 by_key.insert(sha256(key.expose().as_bytes()), tenant.clone());
             }
@@ -115,6 +132,8 @@ impl Table {
 pub struct TenantTicket {
     book: Arc<TenantBook>,
     tenant: Arc<str>,
+    /// Where its model's usage is counted, when its tenant limits it.
+    model_scope: Option<Arc<str>>,
     /// The second its charge was booked in.
     admitted_sec: u64,
     /// What it was charged at admission (its estimates).
@@ -151,24 +170,29 @@ impl TenantTicket {
             output_tokens: reported.output_tokens.unwrap_or(self.booked.output_tokens),
         };
         if used != self.booked {
-            self.book
-                .settle(&self.tenant, self.admitted_sec, self.booked, used);
+            for scope in self.scopes() {
+                self.book
+                    .settle(scope, self.admitted_sec, self.booked, used);
+            }
             self.booked = used;
         }
+    }
+
+    /// The book entries it is counted in: its tenant's, and its model's.
+    fn scopes(&self) -> impl Iterator<Item = &Arc<str>> {
+        std::iter::once(&self.tenant).chain(self.model_scope.as_ref())
     }
 }
 
 impl Drop for TenantTicket {
     fn drop(&mut self) {
-        if !self.served {
-            self.book.settle(
-                &self.tenant,
-                self.admitted_sec,
-                self.booked,
-                Usage::default(),
-            );
+        for scope in self.scopes() {
+            if !self.served {
+                self.book
+                    .settle(scope, self.admitted_sec, self.booked, Usage::default());
+            }
+            self.book.finish(scope);
         }
-        self.book.finish(&self.tenant);
     }
 }
 
@@ -179,6 +203,16 @@ pub enum Decision {
     Admitted(TenantTicket, Vec<(HeaderName, HeaderValue)>),
     /// Refused: answer 429 with these headers.
     Refused(Breach, Vec<(HeaderName, HeaderValue)>),
+}
+
+/// Every name `spec` counts usage under: its tenants' and their models'.
+fn book_names(spec: &TenantsSpec) -> Vec<Arc<str>> {
+    let mut names = Vec::new();
+    for t in &spec.tenants {
+        names.push(t.name.clone());
+        names.extend(t.models.iter().map(|m| m.scope.clone()));
+    }
+    names
 }
 
 /// Every tenant's limits and the fleet's usage of them.
@@ -193,7 +227,7 @@ impl TenantGate {
     /// local one).
     pub fn new(spec: &TenantsSpec, book: Arc<TenantBook>) -> Self {
         book.set_window(spec.window_secs, unix_secs());
-        book.set_known(spec.tenants.iter().map(|t| t.name.clone()));
+        book.set_known(book_names(spec));
         Self {
             table: ArcSwap::from_pointee(Table::new(spec)),
             book,
@@ -204,8 +238,7 @@ impl TenantGate {
     /// window re-sums it).
     pub fn replace(&self, spec: &TenantsSpec) {
         self.book.set_window(spec.window_secs, unix_secs());
-        self.book
-            .set_known(spec.tenants.iter().map(|t| t.name.clone()));
+        self.book.set_known(book_names(spec));
         self.table.store(Arc::new(Table::new(spec)));
     }
 
@@ -214,10 +247,17 @@ impl TenantGate {
         self.table.load().by_key.get(&sha256(token)).cloned()
     }
 
-    /// Admits one request of `tenant` with `input_tokens` (the prompt
-    /// estimate) and `max_tokens` (if it set one; else the file's
-    /// `default_output_tokens` is charged), or says which limit it breaks.
-    pub fn admit(&self, tenant: &Tenant, input_tokens: u64, max_tokens: Option<u64>) -> Decision {
+    /// Admits one request of `tenant` for `model` with `input_tokens` (the
+    /// prompt estimate) and `max_tokens` (if it set one; else the file's
+    /// `default_output_tokens` is charged), or says which limit it breaks:
+    /// the tenant's own, then its model's (if the tenant limits that model).
+    pub fn admit(
+        &self,
+        tenant: &Tenant,
+        model: Option<&str>,
+        input_tokens: u64,
+        max_tokens: Option<u64>,
+    ) -> Decision {
         let table = self.table.load();
         let window_secs = table.window_secs;
         let request = Usage {
@@ -228,39 +268,94 @@ impl TenantGate {
         let now_us = unix_micros();
         let now_sec = now_us / 1_000_000;
         let limits = tenant.limits;
-        let mut before = TenantTotals::default();
-        let result = self.book.admit(&tenant.name, now_sec, request, |totals| {
-            limits::check(&limits, totals, &request).inspect_err(|_| before = *totals)
-        });
-        match result {
-            Ok(after) => {
-                tenant.admitted.increment(1);
-                let ticket = TenantTicket {
-                    book: self.book.clone(),
-                    tenant: tenant.name.clone(),
-                    admitted_sec: now_sec,
-                    booked: request,
-                    tail: UsageTail::default(),
-                    served: false,
-                };
-                let headers = limits::headers(&limits, &after, window_secs, now_us);
-                Decision::Admitted(ticket, headers)
-            }
-            Err(exceeded) => {
-                let at = exceeded.reason.index();
-                tenant.rejections[at].increment(1);
-                tenant.refused[at].fetch_add(1, Ordering::Relaxed);
-                let window = self.book.window(&tenant.name, now_sec);
-                let breach = limits::breach(&exceeded, &window);
+        let after = match self.admit_scope(&tenant.name, &limits, now_sec, request) {
+            Ok(after) => after,
+            Err((exceeded, before)) => {
                 let headers = limits::headers(&limits, &before, window_secs, now_us);
-                Decision::Refused(breach, headers)
+                return self.refuse(tenant, &tenant.name, None, exceeded, headers, now_sec);
+            }
+        };
+        let mut headers = limits::headers(&limits, &after, window_secs, now_us);
+        let mut ticket = TenantTicket {
+            book: self.book.clone(),
+            tenant: tenant.name.clone(),
+            model_scope: None,
+            admitted_sec: now_sec,
+            booked: request,
+            tail: UsageTail::default(),
+            served: false,
+        };
+        if let Some(spec) = model.and_then(|m| tenant.models.get(m)) {
+            match self.admit_scope(&spec.scope, &spec.limits, now_sec, request) {
+                Ok(after) => {
+                    ticket.model_scope = Some(spec.scope.clone());
+                    // A model's figures stand in for the tenant's where it
+                    // sets the same limit (later headers win).
+                    headers.extend(limits::headers(&spec.limits, &after, window_secs, now_us));
+                }
+                Err((exceeded, before)) => {
+                    // Refunds the tenant-wide booking.
+                    drop(ticket);
+                    headers.extend(limits::headers(&spec.limits, &before, window_secs, now_us));
+                    let refusal = self.refuse(
+                        tenant,
+                        &spec.scope,
+                        Some(&spec.model),
+                        exceeded,
+                        headers,
+                        now_sec,
+                    );
+                    return refusal;
+                }
             }
         }
+        tenant.admitted.increment(1);
+        Decision::Admitted(ticket, headers)
+    }
+
+    /// Books `request` in `scope` at `now_sec` if it fits `limits`: the
+    /// totals after it, or what it exceeds and the totals before it.
+    fn admit_scope(
+        &self,
+        scope: &Arc<str>,
+        limits: &Limits,
+        now_sec: u64,
+        request: Usage,
+    ) -> Result<TenantTotals, (limits::Exceeded, TenantTotals)> {
+        let mut before = TenantTotals::default();
+        self.book
+            .admit(scope, now_sec, request, |totals| {
+                limits::check(limits, totals, &request).inspect_err(|_| before = *totals)
+            })
+            .map_err(|exceeded| (exceeded, before))
+    }
+
+    /// Counts a refusal of `tenant` (by its own limits, or `model`'s
+    /// counted in `scope`) and builds its answer.
+    fn refuse(
+        &self,
+        tenant: &Tenant,
+        scope: &str,
+        model: Option<&str>,
+        exceeded: limits::Exceeded,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        now_sec: u64,
+    ) -> Decision {
+        let at = exceeded.reason.index();
+        tenant.rejections[at].increment(1);
+        tenant.refused[at].fetch_add(1, Ordering::Relaxed);
+        let window = self.book.window(scope, now_sec);
+        let mut breach = limits::breach(&exceeded, &window);
+        if let Some(model) = model {
+            breach.message = format!("model `{model}`: {}", breach.message);
+        }
+        Decision::Refused(breach, headers)
     }
 
     /// The operator's view: every configured tenant's limits, fleet-wide
-    /// usage this window, and this replica's refusals.
-    pub fn status(&self) -> TenantsStatus {
+    /// usage this window, and this replica's refusals and queue
+    /// (`depths`: the admission queue's waiters by tenant and class).
+    pub fn status(&self, depths: &[(&str, Priority, usize)]) -> TenantsStatus {
         let table = self.table.load();
         let now_sec = unix_secs();
         let tenants = table
@@ -268,16 +363,31 @@ impl TenantGate {
             .iter()
             .map(|t| {
                 let window = self.book.window(&t.name, now_sec);
-                let used = window.total();
+                let mut queued = BTreeMap::new();
+                for (tenant, class, n) in depths {
+                    if *tenant == &*t.name {
+                        *queued.entry(class.name()).or_insert(0) += n;
+                    }
+                }
                 TenantStatus {
                     name: t.name.to_string(),
                     limits: t.limits,
-                    used: UsedView {
-                        requests: used.requests,
-                        tokens: used.input_tokens.saturating_add(used.output_tokens),
-                        input_tokens: used.input_tokens,
-                        output_tokens: used.output_tokens,
-                        in_flight: window.in_flight,
+                    priority: t.priority,
+                    weight: t.weight,
+                    queued,
+                    used: UsedView::of(&window),
+                    models: {
+                        let mut models: Vec<ModelStatus> = t
+                            .models
+                            .values()
+                            .map(|m| ModelStatus {
+                                model: m.model.to_string(),
+                                limits: m.limits,
+                                used: UsedView::of(&self.book.window(&m.scope, now_sec)),
+                            })
+                            .collect();
+                        models.sort_by(|a, b| a.model.cmp(&b.model));
+                        models
                     },
                     rejected: Reason::ALL
                         .iter()
@@ -309,11 +419,31 @@ pub struct TenantStatus {
     pub name: String,
     /// Its allowances per window (`null`: unlimited).
     pub limits: Limits,
+    /// Its requests' class.
+    pub priority: Priority,
+    /// Its fair-share weight within its class.
+    pub weight: u64,
+    /// Its requests waiting in this replica's admission queue, by class.
+    pub queued: BTreeMap<&'static str, usize>,
     /// Its usage this window, fleet-wide.
     pub used: UsedView,
+    /// Its limits and usage per model it limits.
+    pub models: Vec<ModelStatus>,
     /// Requests this replica refused since the tenants file was (re)loaded,
     /// by reason.
-    pub rejected: std::collections::BTreeMap<&'static str, u64>,
+    pub rejected: BTreeMap<&'static str, u64>,
+}
+
+/// One model a tenant limits, in `GET /tenants`.
+#[derive(Debug, Serialize)]
+pub struct ModelStatus {
+    /// The model.
+    pub model: String,
+    /// The tenant's allowances for it per window (`null`: only the
+    /// tenant's own apply).
+    pub limits: Limits,
+    /// The tenant's usage of it this window, fleet-wide.
+    pub used: UsedView,
 }
 
 /// Usage this window, fleet-wide, as `GET /tenants` shows it.
@@ -331,9 +461,26 @@ pub struct UsedView {
     pub in_flight: u64,
 }
 
+impl UsedView {
+    fn of(window: &shoal_mesh::TenantWindow) -> Self {
+        let used = window.total();
+        Self {
+            requests: used.requests,
+            tokens: used.input_tokens.saturating_add(used.output_tokens),
+            input_tokens: used.input_tokens,
+            output_tokens: used.output_tokens,
+            in_flight: window.in_flight,
+        }
+    }
+}
+
 /// Appends `headers` to `map`.
 pub fn add_headers(map: &mut HeaderMap, headers: Vec<(HeaderName, HeaderValue)>) {
     for (name, value) in headers {
         map.insert(name, value);
     }
 }
+
+#[cfg(test)]
+#[path = "gate_tests.rs"]
+mod gate_tests;

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 pub mod driver;
+pub mod fairness;
 pub mod kv;
 pub mod plan;
 pub mod plot;

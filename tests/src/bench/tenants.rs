@@ -150,9 +150,10 @@ pub struct Rig {
 
 /// Starts `replicas` `shoal` replicas over `engines` (meshed, and waited
 /// for up to `mesh_wait`, when `mesh`), all reading a tenants file of
-/// `tenants_toml` written into `dir`; returns the fleet and the file (to
-/// rewrite for a reload). Shared by `tenant-bench` and the cross-process
-/// tenant tests.
+/// `tenants_toml` written into `dir` and given `extra_args`; returns the
+/// fleet and the file (to rewrite for a reload). Shared by `tenant-bench`,
+/// `fairness-bench` and the cross-process tenant tests.
+#[allow(clippy::too_many_arguments)]
 pub async fn start_tenant_fleet(
     shoal: PathBuf,
     replicas: usize,
@@ -161,6 +162,7 @@ pub async fn start_tenant_fleet(
     tenants_toml: &str,
     dir: &Path,
     mesh_wait: Duration,
+    extra_args: &[String],
 ) -> Result<(Fleet, PathBuf), String> {
     let file = dir.join("tenants.toml");
     std::fs::write(&file, tenants_toml).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -171,6 +173,7 @@ pub async fn start_tenant_fleet(
         "--tenants-file",
         path.as_str(),
     ]);
+    let fleet_cfg = fleet_cfg.args(extra_args.iter().cloned());
     let fleet = Fleet::start(fleet_cfg).await.map_err(|e| e.0)?;
     if mesh {
         fleet.wait_meshed(mesh_wait).await.map_err(|e| e.0)?;
@@ -208,6 +211,7 @@ impl Rig {
             &tenants_file(tenants),
             dir.path(),
             Duration::from_secs(30),
+            &[],
         )
         .await?;
         Ok(Self {

@@ -77,9 +77,23 @@ pub async fn ask(
     content: &str,
     max_tokens: u64,
 ) -> Answer {
+    ask_with(client, base, key, &[], content, max_tokens).await
+}
+
+/// [`ask`] with `extra` request headers (a priority, a fairness id).
+pub async fn ask_with(
+    client: &HttpClient,
+    base: &str,
+    key: Option<&str>,
+    extra: &[(&str, &str)],
+    content: &str,
+    max_tokens: u64,
+) -> Answer {
     let url = format!("{base}/v1/chat/completions");
     let auth = key.map(|k| format!("Bearer {k}"));
-    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    let mut headers: Vec<(&str, &str)> =
+        auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    headers.extend_from_slice(extra);
     let body = Bytes::from(chat(content, max_tokens, false).to_string());
     let resp = client
         .send(Method::POST, &url, &headers, Some(body))

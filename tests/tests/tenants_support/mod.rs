@@ -69,7 +69,19 @@ impl Rig {
             flavor: Flavor::Sglang,
             ..EngineConfig::default()
         };
-        let engines = spawn_engines(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, 1)
+        Self::start_with(replicas, mesh, tenants, &cfg, &[]).await
+    }
+
+    /// [`Rig::start`] over one engine of `cfg`, the replicas also given
+    /// `extra_args`.
+    pub async fn start_with(
+        replicas: usize,
+        mesh: bool,
+        tenants: &str,
+        cfg: &EngineConfig,
+        extra_args: &[String],
+    ) -> Self {
+        let engines = spawn_engines(cfg, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, 1)
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -84,6 +96,7 @@ impl Rig {
             tenants,
             dir.path(),
             Duration::from_secs(15),
+            extra_args,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
