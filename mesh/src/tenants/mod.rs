@@ -436,6 +436,12 @@ impl TenantBook {
         self.ring();
     }
 
+    /// `tenant`'s requests in flight now, fleet-wide (cheap: one lookup,
+    /// for a scheduler that asks per decision).
+    pub fn in_flight(&self, tenant: &str) -> u64 {
+        self.lock().fleet.get(tenant).map_or(0, |agg| agg.in_flight)
+    }
+
     /// `tenant`'s fleet-wide window ending at `now_sec`, second by second.
     pub fn window(&self, tenant: &str, now_sec: u64) -> TenantWindow {
         let mut book = self.lock();

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 
 pub use crate::tenants::Priority;
+use crate::tenants::share::FleetShare;
 
 /// Header a client names its request's class with: `critical`, `standard`
 /// or `sheddable`.
@@ -30,8 +31,8 @@ pub const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
 pub const MAX_FAIRNESS_ID_BYTES: usize = 128;
 
 /// What a request asks of the queue: its class, its flow, the flow's
-/// weight and the request's cost in token-work.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// weight and group, and the request's cost in token-work.
+#[derive(Debug, Clone)]
 pub struct Ask {
     /// Its class.
     pub priority: Priority,
@@ -41,6 +42,10 @@ pub struct Ask {
     pub weight: u64,
     /// Prompt tokens plus the output tokens it may generate.
     pub cost: u64,
+    /// Its group's hold on the fleet's slots (its tenant's, counted over
+    /// the mesh); `None`: the gate's local group of requests that are no
+    /// tenant's.
+    pub share: Option<Arc<dyn FleetShare>>,
 }
 
 impl Ask {
@@ -52,6 +57,7 @@ impl Ask {
             flow: Arc::from(""),
             weight: 1,
             cost,
+            share: None,
         }
     }
 }

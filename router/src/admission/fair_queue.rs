@@ -2,15 +2,24 @@
 //! classes, and weighted fair share by token-work between the flows of a
 //! class.
 //!
-//! Within a class this is start-time fair queueing (SFQ; Goyal, Vin and
-//! Cheng, 1996): a waiter's start tag is the later of the class's virtual
-//! clock and its flow's previous finish tag, its finish tag is its start
-//! plus `cost / weight`, and the waiter with the smallest start tag goes
-//! next (the clock moves to it). While two flows both have waiters, each
-//! gets token-work in proportion to its weight however many requests it
-//! queues; a flow that was idle starts at the clock, so it earns no credit
-//! for the time it sent nothing. It is deficit round robin's fairness with
-//! one decision per freed slot, which is how slots free here.
+//! Within a class, first by the fleet: each flow belongs to a group (its
+//! tenant) whose grants across the fleet are counted over the mesh
+//! ([`FleetShare`]); the waiting flow whose group was granted the least
+//! token-work lately for its weight goes first. So a tenant whose traffic
+//! reaches few replicas is served first there until it has its share of
+//! the whole fleet, instead of half of those replicas' slots.
+//!
+//! Between flows of equal service (a tenant's own flows, refined by fairness
+//! id, or tenants level at the moment), start-time fair queueing (SFQ;
+//! Goyal, Vin and Cheng, 1996): a waiter's start tag is the later of the
+//! class's virtual clock and its flow's previous finish tag, its finish
+//! tag is its start plus `cost / weight`, and the waiter with the smallest
+//! start tag goes next (the clock moves to it). While two flows both have
+//! waiters, each gets token-work in proportion to its weight however many
+//! requests it queues; a flow that was idle starts at the clock, so it
+//! earns no credit for the time it sent nothing. It is deficit round
+//! robin's fairness with one decision per freed slot, which is how slots
+//! free here.
 //!
 //! Pure and synchronous: [`Admission`](super::Admission) holds it under a
 //! lock and does the waking.
@@ -19,6 +28,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::class::{Ask, Priority};
+use crate::tenants::share::FleetShare;
 
 /// Virtual-time units per token of cost (so a weight divides finely).
 const TAG_UNITS_PER_TOKEN: u64 = 1 << 10;
@@ -36,7 +46,21 @@ struct Entry<T> {
 struct Flow<T> {
     /// Finish tag of its newest waiter.
     finish: u64,
+    /// Its weight (from its first waiter's ask).
+    weight: u64,
+    /// Its group's hold on the fleet's slots (none: counts as none held).
+    share: Option<Arc<dyn FleetShare>>,
     waiters: VecDeque<Entry<T>>,
+}
+
+impl<T> Flow<T> {
+    /// Its group's token-work granted lately, fleet-wide, per unit of
+    /// weight (scaled).
+    fn served(&self) -> u64 {
+        self.share.as_ref().map_or(0, |s| {
+            s.served().saturating_mul(TAG_UNITS_PER_TOKEN) / self.weight.max(1)
+        })
+    }
 }
 
 /// One class's flows and virtual clock.
@@ -58,12 +82,16 @@ impl<T> Default for Class<T> {
 }
 
 impl<T> Class<T> {
-    /// The flow whose oldest waiter has the smallest start tag (ties: the
-    /// earlier arrival).
+    /// The flow whose group was granted the least token-work lately for
+    /// its weight, then whose oldest waiter has the smallest start tag (then
+    /// the earlier arrival).
     fn next_flow(&self) -> Option<Arc<str>> {
         self.flows
             .iter()
-            .filter_map(|(name, flow)| flow.waiters.front().map(|e| ((e.start, e.id), name)))
+            .filter_map(|(name, flow)| {
+                let head = flow.waiters.front()?;
+                Some(((flow.served(), head.start, head.id), name))
+            })
             .min_by_key(|(key, _)| *key)
             .map(|(_, name)| name.clone())
     }
@@ -129,6 +157,8 @@ impl<T> FairQueue<T> {
         let clock = class.clock;
         let flow = class.flows.entry(ask.flow.clone()).or_insert_with(|| Flow {
             finish: clock,
+            weight: ask.weight.max(1),
+            share: ask.share.clone(),
             waiters: VecDeque::new(),
         });
         let start = clock.max(flow.finish);
@@ -207,6 +237,7 @@ mod tests {
             flow: Arc::from(flow),
             weight,
             cost,
+            share: None,
         }
     }
 
@@ -315,6 +346,49 @@ mod tests {
         assert_eq!(q.len(), 1);
         assert_eq!(q.depths(), vec![(Arc::from("t"), Priority::Standard, 1)]);
         assert_eq!(q.pop(), Some(3));
+    }
+
+    /// A share whose fleet-wide hold the test sets.
+    #[derive(Debug, Default)]
+    struct Held(std::sync::atomic::AtomicU64);
+
+    impl FleetShare for Held {
+        fn served(&self) -> u64 {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn start(&self, _work: u64) -> crate::tenants::share::Running {
+            Box::new(())
+        }
+    }
+
+    #[test]
+    fn the_group_holding_least_of_the_fleet_goes_first() {
+        let (a, b) = (Arc::new(Held::default()), Arc::new(Held::default()));
+        let mut q = FairQueue::default();
+        let with = |flow: &str, share: &Arc<Held>, weight: u64| Ask {
+            share: Some(share.clone() as Arc<dyn FleetShare>),
+            ..ask(Priority::Standard, flow, weight, 10)
+        };
+        for _ in 0..3 {
+            q.push(&with("a", &a, 1), "a");
+        }
+        for _ in 0..3 {
+            q.push(&with("b", &b, 1), "b");
+        }
+        // Elsewhere in the fleet, a was granted 5 and b 1: b goes first
+        // though a's waiters are older, until the two level.
+        a.0.store(5, std::sync::atomic::Ordering::Relaxed);
+        b.0.store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(q.pop(), Some("b"));
+        b.0.store(5, std::sync::atomic::Ordering::Relaxed);
+        // Level: the older waiter (a's) goes.
+        assert_eq!(q.pop(), Some("a"));
+        // A weight of 3 makes 9 granted count as 3 against b's 5.
+        let mut q = FairQueue::default();
+        q.push(&with("b", &b, 1), "b");
+        q.push(&with("c", &a, 3), "c");
+        a.0.store(9, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(q.pop(), Some("c"));
     }
 
     #[test]

@@ -18,16 +18,21 @@ use super::class::{Ask, Priority};
 use super::fair_queue::FairQueue;
 use super::{Rejection, reject_response};
 use crate::telemetry::ADMISSION_QUEUED;
+use crate::tenants::share::{FleetShare, LocalShare, Running};
 
 /// What a waiter is told: a slot, or why it gets none.
 type Outcome = Result<Permit, Rejection>;
+
+/// A queued request: where to send its slot, whose share it counts in
+/// once it has one, and its token-work.
+type Waiter = (oneshot::Sender<Outcome>, Arc<dyn FleetShare>, u64);
 
 #[derive(Debug)]
 struct State {
     /// Slots no request holds.
     free: usize,
-    /// Who waits, and where to send their slot.
-    queue: FairQueue<oneshot::Sender<Outcome>>,
+    /// Who waits.
+    queue: FairQueue<Waiter>,
 }
 
 #[derive(Debug)]
@@ -53,7 +58,7 @@ impl Shared {
     /// A slot came free: the next live waiter gets it, else the pool.
     fn release(self: &Arc<Self>) {
         loop {
-            let waiter = {
+            let (waiter, share, work) = {
                 let mut state = self.lock();
                 match state.queue.pop() {
                     Some(waiter) => {
@@ -68,7 +73,7 @@ impl Shared {
             };
             // Sent outside the lock: a permit that comes back (its waiter
             // just left) is disarmed and offered to the next one.
-            match waiter.send(Ok(Permit::new(self))) {
+            match waiter.send(Ok(Permit::new(self, share.start(work)))) {
                 Ok(()) => return,
                 Err(Ok(mut permit)) => permit.disarm(),
                 Err(Err(_)) => {}
@@ -81,12 +86,15 @@ impl Shared {
 #[derive(Debug)]
 pub struct Permit {
     shared: Option<Arc<Shared>>,
+    /// Counts the request in its group's share while it holds the slot.
+    running: Option<Running>,
 }
 
 impl Permit {
-    fn new(shared: &Arc<Shared>) -> Self {
+    fn new(shared: &Arc<Shared>, running: Running) -> Self {
         Self {
             shared: Some(shared.clone()),
+            running: Some(running),
         }
     }
 
@@ -98,6 +106,9 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        // The request stops counting before its slot passes on, so the
+        // next choice sees it gone.
+        self.running = None;
         if let Some(shared) = self.shared.take() {
             shared.release();
         }
@@ -140,6 +151,8 @@ pub struct Admission {
     queue_size: usize,
     timeouts: ClassTimeouts,
     shared: Arc<Shared>,
+    /// The group of requests that are no tenant's.
+    anonymous: Arc<dyn FleetShare>,
 }
 
 impl Admission {
@@ -158,6 +171,7 @@ impl Admission {
                 queued: Priority::ALL
                     .map(|class| metrics::gauge!(ADMISSION_QUEUED, "class" => class.name())),
             }),
+            anonymous: Arc::new(LocalShare::default()),
         }
     }
 
@@ -205,12 +219,14 @@ impl Admission {
         if !self.enabled() {
             return Ok(None);
         }
+        let share = ask.share.clone().unwrap_or_else(|| self.anonymous.clone());
         let (tx, rx) = oneshot::channel();
         let (id, evicted) = {
             let mut state = self.shared.lock();
             if state.free > 0 && state.queue.is_empty() {
                 state.free -= 1;
-                return Ok(Some(Permit::new(&self.shared)));
+                drop(state);
+                return Ok(Some(Permit::new(&self.shared, share.start(ask.cost))));
             }
             let mut evicted = None;
             if state.queue.len() >= self.queue_size {
@@ -221,11 +237,15 @@ impl Admission {
                     return Err(Rejection::QueueFull);
                 }
             }
-            let id = state.queue.push(ask, tx);
+            let ask = Ask {
+                share: Some(share.clone()),
+                ..ask.clone()
+            };
+            let id = state.queue.push(&ask, (tx, share, ask.cost));
             self.shared.publish(&state);
             (id, evicted)
         };
-        if let Some(evicted) = evicted {
+        if let Some((evicted, _, _)) = evicted {
             // Its receiver may be gone already; then nobody needs telling.
             let _ = evicted.send(Err(Rejection::Shed));
         }

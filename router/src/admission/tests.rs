@@ -108,6 +108,7 @@ fn ask(priority: Priority, flow: &str, cost: u64) -> Ask {
         flow: Arc::from(flow),
         weight: 1,
         cost,
+        share: None,
     }
 }
 

@@ -3,12 +3,23 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::{defaults, parsers};
 
 /// Help heading of the admission flags.
 pub const ADMISSION_FLAGS: &str = "Admission";
+
+/// What fair share between tenants is measured over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FairShareScope {
+    /// The token-work each tenant was granted across the fleet (over the
+    /// mesh): a tenant whose traffic reaches few replicas is served first
+    /// there until it has its share of the whole fleet.
+    Fleet,
+    /// Each replica's queue alone (the per-replica baseline).
+    Replica,
+}
 
 /// `--max-concurrent-requests`, `--queue-size`, the queue timeouts of each
 /// class and `--sheddable-max-inflight`: the admission gate is built from
@@ -46,6 +57,12 @@ pub struct AdmissionConfig {
     /// above it for critical and standard traffic. 0 = off.
     #[arg(long, env = "SHOAL_SHEDDABLE_MAX_INFLIGHT", default_value_t = defaults::SHEDDABLE_MAX_INFLIGHT)]
     pub sheddable_max_inflight: u64,
+
+    /// What fair share between the tenants waiting for a slot is measured
+    /// over: `fleet` (token-work granted across the fleet lately, over the
+    /// mesh) or `replica` (this replica's queue alone).
+    #[arg(long, env = "SHOAL_FAIR_SHARE_SCOPE", value_enum, default_value_t = defaults::FAIR_SHARE_SCOPE)]
+    pub fair_share_scope: FairShareScope,
 }
 
 impl AdmissionConfig {

@@ -109,6 +109,8 @@ pub const SHEDDABLE_QUEUE_TIMEOUT_SECS: u64 = 10;
 /// Fleet-wide in-flight requests per worker at which sheddable requests
 /// are shed with 429 when every worker is there; 0 = off.
 pub const SHEDDABLE_MAX_INFLIGHT: u64 = 0;
+/// Fair share between tenants is measured across the fleet.
+pub const FAIR_SHARE_SCOPE: super::FairShareScope = super::FairShareScope::Fleet;
 /// Fleet-wide in-flight requests per worker above which a request is shed
 /// with 503 when every worker is there; 0 = off.
 pub const WORKER_MAX_INFLIGHT: u64 = 0;

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-pub use admission::{ADMISSION_FLAGS, AdmissionConfig};
+pub use admission::{ADMISSION_FLAGS, AdmissionConfig, FairShareScope};
 pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind, DiscoveryScheme};
 pub use file::FileError;
 pub use front::{FRONT_FLAGS, FrontConfig};

@@ -16,11 +16,13 @@ use super::objects;
 use super::state::AppState;
 use crate::admission::{self, AdmittedBody, Ask, Held, Priority, class};
 use crate::auth::{self, Forward};
+use crate::config::FairShareScope;
 use crate::error::ApiError;
 use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::RequestInfo;
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
+use crate::tenants::share::FleetShare;
 use crate::tenants::stream_usage::{self, UsageChunkFilter};
 use crate::tenants::{self, Decision, Tenant, TenantTicket};
 use crate::{engine_h1, otel};
@@ -76,7 +78,8 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Err(error) => return record.respond(error.into_response()),
     };
     let tenant = tenant_of(&app, &parts.headers);
-    let ask = match queue_ask(&parts.headers, tenant.as_deref(), &info) {
+    let fleet_share = app.config.admission.fair_share_scope == FairShareScope::Fleet;
+    let ask = match queue_ask(&parts.headers, tenant.as_deref(), &info, fleet_share) {
         Ok(ask) => ask,
         Err(error) => return record.respond(error.into_response()),
     };
@@ -230,12 +233,14 @@ fn tenant_of(app: &AppState, headers: &http::HeaderMap) -> Option<Arc<Tenant>> {
 }
 
 /// What the request asks of the admission queue: its class (its tenant's,
-/// lowered by the priority header), its fairness flow and its token-work,
-/// or a 400 naming a bad header.
+/// lowered by the priority header), its fairness flow, its token-work and
+/// (with `fleet_share`) its tenant's share of the fleet, or a 400 naming a
+/// bad header.
 fn queue_ask(
     headers: &http::HeaderMap,
     tenant: Option<&Tenant>,
     info: &RequestInfo,
+    fleet_share: bool,
 ) -> Result<Ask, ApiError> {
     let bad = |e: class::HeaderError| ApiError::bad_request("invalid_header", e.0);
     let priority = class::priority_of(headers, tenant.map(|t| t.priority)).map_err(bad)?;
@@ -249,6 +254,9 @@ fn queue_ask(
         flow,
         weight: tenant.map_or(1, |t| t.weight),
         cost: info.prompt_tokens.saturating_add(output),
+        share: tenant
+            .filter(|_| fleet_share)
+            .map(|t| t.share.clone() as Arc<dyn FleetShare>),
     })
 }
 

@@ -94,16 +94,20 @@ pub struct ModelSpec {
 pub const MAX_MODEL_NAME_BYTES: usize = 256;
 
 /// The tenant book's name for `tenant`'s usage of `model`: `m-` and 24
-/// hex digits of a SHA-256 of both. It fits the mesh's bound on names
-/// whatever the model is called, and no tenant can share it: the file
-/// refuses tenant names of that shape.
+/// hex digits of a SHA-256 of both ([`scope_name`]).
 pub fn model_scope(tenant: &str, model: &str) -> Arc<str> {
-    let mut input = Vec::with_capacity(tenant.len() + model.len() + 1);
-    input.extend_from_slice(tenant.as_bytes());
-    input.push(0);
-    input.extend_from_slice(model.as_bytes());
-    let digest = sha256(&input);
-    let mut name = String::from("m-");
+    scope_name("m-", &[tenant, model])
+}
+
+/// A name in the tenant book for something counted besides a tenant's own
+/// usage: `prefix` (two characters) and 24 hex digits of a SHA-256 of
+/// `parts` (NUL-separated). It fits the mesh's bound on names whatever the
+/// parts are, and no tenant can share it: the file refuses tenant names
+/// of that shape.
+pub fn scope_name(prefix: &str, parts: &[&str]) -> Arc<str> {
+    let input = parts.join("\0");
+    let digest = sha256(input.as_bytes());
+    let mut name = String::from(prefix);
     for b in &digest[..12] {
         name.push_str(&format!("{b:02x}"));
     }
@@ -231,7 +235,7 @@ fn tenant_spec(
     if !valid_name || looks_like_scope(name) {
         return Err(format!(
             "tenant `{name}`: a name is 1 to {MAX_TENANT_NAME_BYTES} letters, digits, `-`, `_` or `.` \
-             (and not `m-` and 24 hex digits: that is how per-model usage is named)"
+             (and not a letter, `-` and 24 hex digits: that is how per-model usage is named)"
         ));
     }
     if raw.keys.is_empty() {

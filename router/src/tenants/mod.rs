@@ -29,6 +29,7 @@
 pub mod file;
 pub mod limits;
 mod priority;
+pub mod share;
 pub mod stream_usage;
 pub mod usage;
 
@@ -62,6 +63,9 @@ pub struct Tenant {
     pub weight: u64,
     /// Its limits per model, by model name.
     pub models: HashMap<Arc<str>, ModelSpec>,
+    /// Its requests holding admission slots, fleet-wide (what the queue
+    /// weighs it by).
+    pub share: Arc<share::TenantShare>,
     /// `shoal_tenant_admitted_total{tenant}`, registered as the file is
     /// loaded (not per request).
     admitted: metrics::Counter,
@@ -73,7 +77,7 @@ pub struct Tenant {
 }
 
 impl Tenant {
-    fn new(spec: &file::TenantSpec) -> Self {
+    fn new(spec: &file::TenantSpec, book: &Arc<TenantBook>) -> Self {
         let name = spec.name.clone();
         let label = name.to_string();
         Self {
@@ -87,6 +91,7 @@ impl Tenant {
             limits: spec.limits,
             priority: spec.priority,
             weight: spec.weight,
+            share: Arc::new(share::TenantShare::new(book.clone(), &spec.name)),
             models: spec
                 .models
                 .iter()
@@ -106,11 +111,11 @@ struct Table {
 }
 
 impl Table {
-    fn new(spec: &TenantsSpec) -> Self {
+    fn new(spec: &TenantsSpec, book: &Arc<TenantBook>) -> Self {
         let mut by_key = HashMap::new();
         let mut tenants = Vec::with_capacity(spec.tenants.len());
         for t in &spec.tenants {
-            let tenant = Arc::new(Tenant::new(t));
+            let tenant = Arc::new(Tenant::new(t, book));
             for key in &t.keys {
                 by_key.insert(sha256(key.expose().as_bytes()), tenant.clone());
             }
@@ -210,6 +215,7 @@ fn book_names(spec: &TenantsSpec) -> Vec<Arc<str>> {
     let mut names = Vec::new();
     for t in &spec.tenants {
         names.push(t.name.clone());
+        names.push(share::running_scope(&t.name));
         names.extend(t.models.iter().map(|m| m.scope.clone()));
     }
     names
@@ -229,7 +235,7 @@ impl TenantGate {
         book.set_window(spec.window_secs, unix_secs());
         book.set_known(book_names(spec));
         Self {
-            table: ArcSwap::from_pointee(Table::new(spec)),
+            table: ArcSwap::from_pointee(Table::new(spec, &book)),
             book,
         }
     }
@@ -239,7 +245,7 @@ impl TenantGate {
     pub fn replace(&self, spec: &TenantsSpec) {
         self.book.set_window(spec.window_secs, unix_secs());
         self.book.set_known(book_names(spec));
-        self.table.store(Arc::new(Table::new(spec)));
+        self.table.store(Arc::new(Table::new(spec, &self.book)));
     }
 
     /// The tenant whose key `token` is, if any.

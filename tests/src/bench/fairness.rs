@@ -40,6 +40,22 @@ pub struct Clients {
     /// How long a client waits after a 429 or 503 before its next request
     /// (a client that backs off, as `Retry-After` asks).
     pub backoff: Duration,
+    /// This share of the requests goes to replica 0, the rest uniformly to
+    /// the others (`None`: uniformly to all).
+    pub skew: Option<f64>,
+}
+
+impl Clients {
+    /// A replica out of `n` for the next request.
+    fn pick(&self, rng: &mut StdRng, n: usize) -> usize {
+        match self.skew {
+            Some(share) if n > 1 && !rng.random_bool(share.clamp(0.0, 1.0)) => {
+                1 + rng.random_range(0..n - 1)
+            }
+            Some(_) => 0,
+            None => rng.random_range(0..n),
+        }
+    }
 }
 
 /// One answer.
@@ -75,7 +91,7 @@ pub async fn closed_loop(
             let mut answers = Vec::new();
             let mut k = 0u64;
             while start.elapsed() < span {
-                let base = &urls[rng.random_range(0..urls.len())];
+                let base = &urls[group.pick(&mut rng, urls.len())];
                 let prompt = text(seed ^ ((c as u64) << 32) ^ k, group.prompt_chars);
                 let answer = one(&client, base, &group, &prompt, start).await;
                 let refused = matches!(answer.status, 429 | 503);

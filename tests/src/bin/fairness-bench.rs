@@ -143,6 +143,7 @@ fn group(label: &str, key: &str, count: usize, max_tokens: u64, stream: bool) ->
         stream,
         headers: Vec::new(),
         backoff: Duration::from_millis(200),
+        skew: None,
     }
 }
 
@@ -155,15 +156,17 @@ keys = ["heavy-key-0000001"]
 keys = ["shared-key-000001", "shared-key-000002"]
 "#;
 
+/// One row of the fair-share table: the two groups' keys, the light
+/// group's clients and where its traffic lands.
+struct Case {
+    flows: &'static str,
+    keys: (&'static str, &'static str),
+    light_clients: usize,
+    skew: Option<f64>,
+}
+
 /// The fair-share case; true when it met the goal.
 async fn fair_share(cli: &Cli, shoal: PathBuf, span: Duration) -> Result<bool, String> {
-    let engine = EngineConfig {
-        flavor: Flavor::Vllm,
-        time_scale: 10.0,
-        ..EngineConfig::default()
-    };
-    let args = ["--max-concurrent-requests", "2", "--queue-size", "1000"];
-    let rig = Rig::start(shoal, cli.replicas, &engine, 2, FAIR_TENANTS, &args).await?;
     println!(
         "## Fair share: {} meshed replicas x 2 slots; light: N clients x 32 tokens, \
          heavy: 5 N clients x 64 tokens; {}s (first {}s left out)\n",
@@ -172,59 +175,99 @@ async fn fair_share(cli: &Cli, shoal: PathBuf, span: Duration) -> Result<bool, S
         cli.warmup_secs
     );
     println!(
-        "| flows | light clients (x fleet slots) | light share of token-work | heavy share \
-         | light req | heavy req | answers |"
+        "| fair share | flows | light clients (x fleet slots) | light share of token-work \
+         | heavy share | light req | heavy req | answers |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let slots = cli.replicas * 2;
-    let mut cases = vec![(
-        "two tenants (fair queue)",
-        "light-key-0000001",
-        "heavy-key-0000001",
-        4 * slots,
-    )];
+    let (two, one) = (
+        ("light-key-0000001", "heavy-key-0000001"),
+        ("shared-key-000001", "shared-key-000002"),
+    );
+    let case = |flows, keys, times, skew| Case {
+        flows,
+        keys,
+        light_clients: times * slots,
+        skew,
+    };
+    let mut fleet_cases = vec![case("two tenants", two, 4, None)];
+    let mut replica_cases = Vec::new();
     if !cli.quick {
-        cases.push((
-            "one tenant (FIFO baseline)",
-            "shared-key-000001",
-            "shared-key-000002",
-            4 * slots,
+        fleet_cases.push(case("one tenant (FIFO)", one, 4, None));
+        fleet_cases.push(case("two tenants", two, 2, None));
+        fleet_cases.push(case(
+            "two tenants, light 90 % to replica 0",
+            two,
+            4,
+            Some(0.9),
         ));
-        cases.push((
-            "two tenants (fair queue)",
-            "light-key-0000001",
-            "heavy-key-0000001",
-            2 * slots,
+        fleet_cases.push(case(
+            "one tenant (FIFO), light 90 % to replica 0",
+            one,
+            4,
+            Some(0.9),
+        ));
+        replica_cases.push(case("two tenants", two, 2, None));
+        replica_cases.push(case(
+            "two tenants, light 90 % to replica 0",
+            two,
+            4,
+            Some(0.9),
         ));
     }
     let mut met = true;
-    for (flows, light_key, heavy_key, light_clients) in cases {
-        let groups = [
-            group("light", light_key, light_clients, 32, false),
-            group("heavy", heavy_key, 5 * light_clients, 64, false),
-        ];
-        let answers = rig.offer(&groups, span, cli.seed).await;
-        let (from, to) = (Duration::from_secs(cli.warmup_secs), span);
-        let light = work_between(&answers[0], from, to);
-        let heavy = work_between(&answers[1], from, to);
-        let share = light as f64 / (light + heavy).max(1) as f64;
-        let ok = |a: &[Answer]| a.iter().filter(|a| a.status == 200).count();
-        let all: Vec<Answer> = answers.concat();
-        println!(
-            "| {flows} | {light_clients} ({}x) | {:.1} % | {:.1} % | {} | {} | {:?} |",
-            light_clients / slots,
-            share * 100.0,
-            (1.0 - share) * 100.0,
-            ok(&answers[0]),
-            ok(&answers[1]),
-            outcomes(&all)
-        );
-        if flows.starts_with("two") && light_clients == 4 * slots {
-            met = (share - 0.5).abs() <= 0.05 && all.iter().all(|a| a.status == 200);
+    for (scope, cases) in [("fleet", fleet_cases), ("replica", replica_cases)] {
+        if cases.is_empty() {
+            continue;
         }
+        let engine = EngineConfig {
+            flavor: Flavor::Vllm,
+            time_scale: 10.0,
+            ..EngineConfig::default()
+        };
+        let args = [
+            "--max-concurrent-requests",
+            "2",
+            "--queue-size",
+            "1000",
+            "--fair-share-scope",
+            scope,
+        ];
+        let rig = Rig::start(shoal.clone(), cli.replicas, &engine, 2, FAIR_TENANTS, &args).await?;
+        for c in cases {
+            let groups = [
+                Clients {
+                    skew: c.skew,
+                    ..group("light", c.keys.0, c.light_clients, 32, false)
+                },
+                group("heavy", c.keys.1, 5 * c.light_clients, 64, false),
+            ];
+            let answers = rig.offer(&groups, span, cli.seed).await;
+            let (from, to) = (Duration::from_secs(cli.warmup_secs), span);
+            let light = work_between(&answers[0], from, to);
+            let heavy = work_between(&answers[1], from, to);
+            let share = light as f64 / (light + heavy).max(1) as f64;
+            let ok = |a: &[Answer]| a.iter().filter(|a| a.status == 200).count();
+            let all: Vec<Answer> = answers.concat();
+            println!(
+                "| {scope} | {} | {} ({}x) | {:.1} % | {:.1} % | {} | {} | {:?} |",
+                c.flows,
+                c.light_clients,
+                c.light_clients / slots,
+                share * 100.0,
+                (1.0 - share) * 100.0,
+                ok(&answers[0]),
+                ok(&answers[1]),
+                outcomes(&all)
+            );
+            let judged = scope == "fleet" && c.keys == two && c.skew.is_none();
+            if judged && c.light_clients == 4 * slots {
+                met = (share - 0.5).abs() <= 0.05 && all.iter().all(|a| a.status == 200);
+            }
+        }
+        rig.stop().await;
     }
     println!();
-    rig.stop().await;
     Ok(met)
 }
 
