@@ -104,6 +104,17 @@ impl Aggregate {
 
     /// The window second by second, oldest first (seconds ahead of `head`
     /// counted in the newest).
+    /// The sum of the newest `secs` seconds of the window (those ahead of
+    /// this clock included), without building the window.
+    pub(super) fn recent(&self, secs: u64) -> Usage {
+        let first = (self.head + 1).saturating_sub(self.window.min(secs));
+        let mut out = Usage::default();
+        for s in first..=self.head + AHEAD_SECS {
+            out.add_saturating(self.ring[(s % RING) as usize]);
+        }
+        out
+    }
+
     pub(super) fn seconds(&self) -> (u64, Vec<Usage>) {
         let first = (self.head + 1).saturating_sub(self.window);
         let mut out: Vec<Usage> = (first..=self.head)
@@ -161,6 +172,17 @@ mod tests {
         assert_eq!(agg.total().requests, 4);
         agg.advance(113);
         assert_eq!(agg.total().requests, 0);
+    }
+
+    #[test]
+    fn recent_sums_the_newest_seconds_only() {
+        let mut agg = Aggregate::new(10, 100);
+        agg.add_at(95, req(1));
+        agg.add_at(99, req(10));
+        agg.add_at(100, req(100));
+        assert_eq!(agg.recent(2).requests, 110);
+        assert_eq!(agg.recent(6).requests, 111);
+        assert_eq!(agg.recent(60).requests, agg.total().requests);
     }
 
     #[test]

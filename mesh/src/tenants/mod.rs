@@ -442,6 +442,20 @@ impl TenantBook {
         self.lock().fleet.get(tenant).map_or(0, |agg| agg.in_flight)
     }
 
+    /// `tenant`'s fleet-wide usage over the newest `secs` seconds of the
+    /// window ending at `now_sec` (cheap: no window is built, for a
+    /// scheduler that asks per decision).
+    pub fn recent(&self, tenant: &str, now_sec: u64, secs: u64) -> Usage {
+        let mut book = self.lock();
+        match book.fleet.get_mut(tenant) {
+            Some(agg) => {
+                agg.advance(now_sec);
+                agg.recent(secs)
+            }
+            None => Usage::default(),
+        }
+    }
+
     /// `tenant`'s fleet-wide window ending at `now_sec`, second by second.
     pub fn window(&self, tenant: &str, now_sec: u64) -> TenantWindow {
         let mut book = self.lock();

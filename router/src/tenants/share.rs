@@ -82,12 +82,9 @@ impl Drop for TenantRunning {
 
 impl FleetShare for TenantShare {
     fn served(&self) -> u64 {
-        let window = self.book.window(&self.scope, unix_secs());
-        let recent = window.seconds.len().min(FAIR_SHARE_HORIZON_SECS as usize);
-        window.seconds[window.seconds.len() - recent..]
-            .iter()
-            .map(|s| s.input_tokens)
-            .fold(0, u64::saturating_add)
+        self.book
+            .recent(&self.scope, unix_secs(), FAIR_SHARE_HORIZON_SECS)
+            .input_tokens
     }
 
     fn start(&self, work: u64) -> Running {
