@@ -436,12 +436,6 @@ impl TenantBook {
         self.ring();
     }
 
-    /// `tenant`'s requests in flight now, fleet-wide (cheap: one lookup,
-    /// for a scheduler that asks per decision).
-    pub fn in_flight(&self, tenant: &str) -> u64 {
-        self.lock().fleet.get(tenant).map_or(0, |agg| agg.in_flight)
-    }
-
     /// `tenant`'s fleet-wide usage over the newest `secs` seconds of the
     /// window ending at `now_sec` (cheap: no window is built, for a
     /// scheduler that asks per decision).

@@ -55,11 +55,14 @@ struct Flow<T> {
 
 impl<T> Flow<T> {
     /// Its group's token-work granted lately, fleet-wide, per unit of
-    /// weight (scaled).
-    fn served(&self) -> u64 {
-        self.share.as_ref().map_or(0, |s| {
-            s.served().saturating_mul(TAG_UNITS_PER_TOKEN) / self.weight.max(1)
-        })
+    /// weight (scaled); each group read once per decision (`cache`).
+    fn served(&self, cache: &mut HashMap<*const (), u64>) -> u64 {
+        let Some(share) = &self.share else {
+            return 0;
+        };
+        let key = Arc::as_ptr(share).cast::<()>();
+        let served = *cache.entry(key).or_insert_with(|| share.served());
+        served.saturating_mul(TAG_UNITS_PER_TOKEN) / self.weight.max(1)
     }
 }
 
@@ -86,21 +89,42 @@ impl<T> Class<T> {
     /// its weight, then whose oldest waiter has the smallest start tag (then
     /// the earlier arrival).
     fn next_flow(&self) -> Option<Arc<str>> {
+        let mut cache = HashMap::new();
         self.flows
             .iter()
             .filter_map(|(name, flow)| {
                 let head = flow.waiters.front()?;
-                Some(((flow.served(), head.start, head.id), name))
+                Some(((flow.served(&mut cache), head.start, head.id), name))
             })
             .min_by_key(|(key, _)| *key)
             .map(|(_, name)| name.clone())
+    }
+
+    /// The flow whose newest waiter is furthest from service: the reverse
+    /// of [`Class::next_flow`]'s order.
+    fn last_flow(&self) -> Option<(Arc<str>, u64)> {
+        let mut cache = HashMap::new();
+        self.flows
+            .iter()
+            .filter_map(|(name, flow)| {
+                let tail = flow.waiters.back()?;
+                Some(((flow.served(&mut cache), flow.finish, tail.id), name))
+            })
+            .max_by_key(|(key, _)| *key)
+            .map(|((_, _, id), name)| (name.clone(), id))
     }
 
     /// Takes the waiter `id` of `flow` out.
     fn take(&mut self, flow: &Arc<str>, id: u64) -> Option<T> {
         let queue = self.flows.get_mut(flow)?;
         let at = queue.waiters.iter().position(|e| e.id == id)?;
+        let was_tail = at + 1 == queue.waiters.len();
         let entry = queue.waiters.remove(at)?;
+        if was_tail && at > 0 {
+            // A waiter that leaves unserved from the end is not charged:
+            // the flow's next one starts where it would have.
+            queue.finish = entry.start;
+        }
         if queue.waiters.is_empty() {
             self.flows.remove(flow);
         }
@@ -161,6 +185,9 @@ impl<T> FairQueue<T> {
             share: ask.share.clone(),
             waiters: VecDeque::new(),
         });
+        // A reloaded weight or share applies from the next waiter on.
+        flow.weight = ask.weight.max(1);
+        flow.share = ask.share.clone();
         let start = clock.max(flow.finish);
         let span = ask
             .cost
@@ -200,16 +227,11 @@ impl<T> FairQueue<T> {
     }
 
     /// Takes out the sheddable waiter furthest from service (the newest
-    /// of the flow that is furthest ahead), to make room for a request of
-    /// a higher class; `None` when no sheddable request waits.
+    /// of the flow that would be served last), to make room for a request
+    /// of a higher class; `None` when no sheddable request waits.
     pub fn evict_sheddable(&mut self) -> Option<T> {
         let class = &mut self.classes[Priority::Sheddable.index()];
-        let (flow, id) = class
-            .flows
-            .iter()
-            .filter_map(|(name, flow)| flow.waiters.back().map(|e| (flow.finish, e.id, name)))
-            .max_by_key(|(finish, id, _)| (*finish, *id))
-            .map(|(_, id, name)| (name.clone(), id))?;
+        let (flow, id) = class.last_flow()?;
         self.index.remove(&id);
         class.take(&flow, id)
     }

@@ -151,7 +151,8 @@ pub struct Admission {
     queue_size: usize,
     timeouts: ClassTimeouts,
     shared: Arc<Shared>,
-    /// The group of requests that are no tenant's.
+    /// The group of requests that name no share: counted on this
+    /// replica only.
     anonymous: Arc<dyn FleetShare>,
 }
 
@@ -204,6 +205,12 @@ impl Admission {
         self.shared.lock().queue.depths()
     }
 
+    /// The share of requests that are no tenant's, for callers that
+    /// weigh them against tenants fleet-wide.
+    pub fn anonymous_share(&self) -> Arc<dyn FleetShare> {
+        self.anonymous.clone()
+    }
+
     /// Requests holding a slot now (0 when admission is off).
     pub fn in_flight(&self) -> usize {
         if self.enabled() {
@@ -237,11 +244,9 @@ impl Admission {
                     return Err(Rejection::QueueFull);
                 }
             }
-            let ask = Ask {
-                share: Some(share.clone()),
-                ..ask.clone()
-            };
-            let id = state.queue.push(&ask, (tx, share, ask.cost));
+            // Queued by the share the caller named (none: weighed by fair
+            // queueing alone); counted in the anonymous one if it named none.
+            let id = state.queue.push(ask, (tx, share, ask.cost));
             self.shared.publish(&state);
             (id, evicted)
         };

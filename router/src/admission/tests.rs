@@ -199,6 +199,43 @@ async fn contended_slots_are_shared_by_token_work_between_flows() {
 }
 
 #[tokio::test]
+async fn weights_divide_contended_slots_through_the_gate() {
+    // "a" (weight 3) and "b" (weight 1) always have waiters; with no
+    // fleet share named (the per-replica scope) fair queueing alone
+    // weighs them: a gets three slots for each of b's.
+    let gate = Arc::new(Admission::new(1, 1000, [Duration::from_secs(30); 3]));
+    let mut slot = gate.admit(&plain()).await.unwrap().unwrap();
+    let weighted = |flow: &str, weight| Ask {
+        weight,
+        ..ask(Priority::Standard, flow, 10)
+    };
+    let mut waiters = std::collections::VecDeque::new();
+    for i in 0..20 {
+        let (flow, weight) = if i % 2 == 0 { ("a", 3) } else { ("b", 1) };
+        waiters.push_back((flow, queue(&gate, weighted(flow, weight)).await));
+    }
+    let mut served = std::collections::HashMap::<&str, u64>::new();
+    for _ in 0..40 {
+        drop(slot);
+        let mut next = None;
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+            if let Some(at) = waiters.iter().position(|(_, t)| t.is_finished()) {
+                next = waiters.remove(at);
+                break;
+            }
+        }
+        let (flow, task) = next.expect("a waiter got the freed slot");
+        *served.entry(flow).or_default() += 1;
+        slot = task.await.unwrap().unwrap().unwrap();
+        let weight = if flow == "a" { 3 } else { 1 };
+        waiters.push_back((flow, queue(&gate, weighted(flow, weight)).await));
+    }
+    assert_eq!(served["a"], 30, "{served:?}");
+    assert_eq!(served["b"], 10, "{served:?}");
+}
+
+#[tokio::test]
 async fn each_class_waits_its_own_timeout() {
     let timeouts = [
         Duration::from_secs(30),

@@ -78,8 +78,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         Err(error) => return record.respond(error.into_response()),
     };
     let tenant = tenant_of(&app, &parts.headers);
-    let fleet_share = app.config.admission.fair_share_scope == FairShareScope::Fleet;
-    let ask = match queue_ask(&parts.headers, tenant.as_deref(), &info, fleet_share) {
+    let ask = match queue_ask(&app, &parts.headers, tenant.as_deref(), &info) {
         Ok(ask) => ask,
         Err(error) => return record.respond(error.into_response()),
     };
@@ -175,7 +174,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     {
         return record.respond(error.into_response());
     }
-    let response = app.forwarder.forward(workers, outgoing, record).await;
+    let mut response = app.forwarder.forward(workers, outgoing, record).await;
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);
     let mut ticket = grant.ticket;
@@ -187,6 +186,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         ticket.serve();
     }
     let strip = (asked_for_usage && is_event_stream(&response)).then(UsageChunkFilter::new);
+    if strip.is_some() {
+        // The client gets fewer bytes than the engine sent.
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+    }
     let held = Held {
         permit,
         ticket,
@@ -234,29 +237,39 @@ fn tenant_of(app: &AppState, headers: &http::HeaderMap) -> Option<Arc<Tenant>> {
 
 /// What the request asks of the admission queue: its class (its tenant's,
 /// lowered by the priority header), its fairness flow, its token-work and
-/// (with `fleet_share`) its tenant's share of the fleet, or a 400 naming a
-/// bad header.
+/// (with `--fair-share-scope fleet`) its group's share of the fleet (its
+/// tenant's, or the replica's group of requests that are no tenant's), or
+/// a 400 naming a bad header.
 fn queue_ask(
+    app: &AppState,
     headers: &http::HeaderMap,
     tenant: Option<&Tenant>,
     info: &RequestInfo,
-    fleet_share: bool,
 ) -> Result<Ask, ApiError> {
     let bad = |e: class::HeaderError| ApiError::bad_request("invalid_header", e.0);
     let priority = class::priority_of(headers, tenant.map(|t| t.priority)).map_err(bad)?;
     let anonymous: Arc<str> = Arc::from("");
     let flow = class::flow_of(headers, tenant.map_or(&anonymous, |t| &t.name)).map_err(bad)?;
-    let output = info
-        .max_output_tokens
-        .unwrap_or(tenants::file::DEFAULT_OUTPUT_TOKENS);
+    let default_output = app
+        .tenants
+        .as_ref()
+        .map_or(tenants::file::DEFAULT_OUTPUT_TOKENS, |gate| {
+            gate.default_output_tokens()
+        });
+    let output = info.max_output_tokens.unwrap_or(default_output);
+    let share = match app.config.admission.fair_share_scope {
+        FairShareScope::Replica => None,
+        FairShareScope::Fleet => Some(match tenant {
+            Some(t) => t.share.clone() as Arc<dyn FleetShare>,
+            None => app.admission.anonymous_share(),
+        }),
+    };
     Ok(Ask {
         priority,
         flow,
         weight: tenant.map_or(1, |t| t.weight),
         cost: info.prompt_tokens.saturating_add(output),
-        share: tenant
-            .filter(|_| fleet_share)
-            .map(|t| t.share.clone() as Arc<dyn FleetShare>),
+        share,
     })
 }
 

@@ -116,7 +116,9 @@ pub fn scope_name(prefix: &str, parts: &[&str]) -> Arc<str> {
 
 /// Whether `name` has the shape of a [`model_scope`].
 fn looks_like_scope(name: &str) -> bool {
-    name.len() == 26 && name.starts_with("m-") && name[2..].bytes().all(|b| b.is_ascii_hexdigit())
+    name.len() == 26
+        && name.as_bytes().get(1) == Some(&b'-')
+        && name[2..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The whole file.
@@ -235,7 +237,7 @@ fn tenant_spec(
     if !valid_name || looks_like_scope(name) {
         return Err(format!(
             "tenant `{name}`: a name is 1 to {MAX_TENANT_NAME_BYTES} letters, digits, `-`, `_` or `.` \
-             (and not a letter, `-` and 24 hex digits: that is how per-model usage is named)"
+             (and not a letter, `-` and 24 hex digits: that is how per-model and fair-share counts are named)"
         ));
     }
     if raw.keys.is_empty() {
@@ -382,8 +384,10 @@ keys = ["bob-key-00001"]
         assert_eq!(model.scope, model_scope("acme", "org/big-model"));
         assert!(looks_like_scope(&model.scope) && model.scope.len() <= MAX_TENANT_NAME_BYTES);
         assert_ne!(model_scope("acme", "x"), model_scope("acmf", "x"));
-        let scope_named = format!("[tenants.{}]\nkeys=[\"aaaaaaaa\"]", model.scope);
-        assert!(parse(&scope_named).is_err());
+        for scope in [model.scope.clone(), scope_name("r-", &["acme"])] {
+            let scope_named = format!("[tenants.{scope}]\nkeys=[\"aaaaaaaa\"]");
+            assert!(parse(&scope_named).is_err(), "{scope}");
+        }
     }
 
     #[test]

@@ -21,10 +21,11 @@
 //! engine reported at its end (`usage`): real tokens replace the
 //! estimates in the second they were booked in.
 //!
-//! Not yet: asking streams for their usage (`stream_options.
-//! include_usage`) when the client did not, priority classes and fair
-//! queueing between tenants (requests over a limit are refused at once,
-//! never queued).
+//! A tenant's stream that did not ask for its usage is asked for it and
+//! the usage chunk hidden again ([`stream_usage`]); a tenant may limit its
+//! requests per model too (its model scopes, [`ModelSpec`]); its class
+//! ([`Priority`]) and its fleet-wide grants of admission slots
+//! ([`share`]) order it in the admission queue.
 
 pub mod file;
 pub mod limits;
@@ -246,6 +247,11 @@ impl TenantGate {
         self.book.set_window(spec.window_secs, unix_secs());
         self.book.set_known(book_names(spec));
         self.table.store(Arc::new(Table::new(spec, &self.book)));
+    }
+
+    /// Output tokens charged to a request that sets no `max_tokens`.
+    pub fn default_output_tokens(&self) -> u64 {
+        self.table.load().default_output_tokens
     }
 
     /// The tenant whose key `token` is, if any.

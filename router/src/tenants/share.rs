@@ -158,10 +158,10 @@ mod tests {
         let b = share.start(50);
         assert_eq!(share.served(), 150);
         let scope = running_scope("acme");
-        assert_eq!(book.in_flight(&scope), 2);
+        assert_eq!(book.window(&scope, unix_secs()).in_flight, 2);
         drop(a);
         drop(b);
-        assert_eq!(book.in_flight(&scope), 0);
+        assert_eq!(book.window(&scope, unix_secs()).in_flight, 0);
         // The work stays counted for the horizon, whoever still runs.
         assert_eq!(share.served(), 150);
     }
