@@ -166,35 +166,54 @@ async fn a_full_queue_sheds_a_sheddable_waiter_for_a_higher_class() {
     assert!(critical.await.unwrap().unwrap().is_some());
 }
 
-#[tokio::test]
-async fn contended_slots_are_shared_by_token_work_between_flows() {
-    // Flow "big" keeps 5x as many requests queued as "small"; both are
-    // always backlogged. Each gets half the slots' token-work.
-    let gate = Arc::new(Admission::new(1, 1000, [Duration::from_secs(30); 3]));
+/// Frees `slots` slots one at a time on `gate`, each going to one of the
+/// always-backlogged flows `asks` (1 to 20 of each queued up front; the
+/// served one queues its next request at once): how many slots each flow
+/// got.
+async fn serve_backlogged(
+    gate: &Arc<Admission>,
+    asks: &[(&'static str, Ask, usize)],
+    slots: usize,
+) -> std::collections::HashMap<&'static str, u64> {
     let mut slot = gate.admit(&plain()).await.unwrap().unwrap();
     let mut waiters = std::collections::VecDeque::new();
-    for i in 0..60 {
-        let flow = if i % 6 == 0 { "small" } else { "big" };
-        waiters.push_back((flow, queue(&gate, ask(Priority::Standard, flow, 10)).await));
+    for round in 0..asks.iter().map(|(_, _, n)| *n).max().unwrap_or(0) {
+        for (flow, ask, n) in asks {
+            if round < *n {
+                waiters.push_back((*flow, ask.clone(), queue(gate, ask.clone()).await));
+            }
+        }
     }
-    let mut served = std::collections::HashMap::<&str, u64>::new();
-    for _ in 0..40 {
+    let mut served = std::collections::HashMap::new();
+    for _ in 0..slots {
         drop(slot);
         // Exactly one waiter holds the slot now: find it.
         let mut next = None;
         for _ in 0..1000 {
             tokio::task::yield_now().await;
-            if let Some(at) = waiters.iter().position(|(_, t)| t.is_finished()) {
+            if let Some(at) = waiters.iter().position(|(_, _, t)| t.is_finished()) {
                 next = waiters.remove(at);
                 break;
             }
         }
-        let (flow, task) = next.expect("a waiter got the freed slot");
-        *served.entry(flow).or_default() += 10;
+        let (flow, ask, task) = next.expect("a waiter got the freed slot");
+        *served.entry(flow).or_default() += 1;
         slot = task.await.unwrap().unwrap().unwrap();
-        // Keep "small" backlogged as long as "big".
-        waiters.push_back((flow, queue(&gate, ask(Priority::Standard, flow, 10)).await));
+        waiters.push_back((flow, ask.clone(), queue(gate, ask).await));
     }
+    served
+}
+
+#[tokio::test]
+async fn contended_slots_are_shared_by_token_work_between_flows() {
+    // Flow "big" keeps 5x as many requests queued as "small"; both are
+    // always backlogged. Each gets half the slots' token-work.
+    let gate = Arc::new(Admission::new(1, 1000, [Duration::from_secs(30); 3]));
+    let asks = [
+        ("small", ask(Priority::Standard, "small", 10), 10),
+        ("big", ask(Priority::Standard, "big", 10), 50),
+    ];
+    let served = serve_backlogged(&gate, &asks, 40).await;
     assert_eq!(served["small"], served["big"], "{served:?}");
 }
 
@@ -204,33 +223,12 @@ async fn weights_divide_contended_slots_through_the_gate() {
     // fleet share named (the per-replica scope) fair queueing alone
     // weighs them: a gets three slots for each of b's.
     let gate = Arc::new(Admission::new(1, 1000, [Duration::from_secs(30); 3]));
-    let mut slot = gate.admit(&plain()).await.unwrap().unwrap();
     let weighted = |flow: &str, weight| Ask {
         weight,
         ..ask(Priority::Standard, flow, 10)
     };
-    let mut waiters = std::collections::VecDeque::new();
-    for i in 0..20 {
-        let (flow, weight) = if i % 2 == 0 { ("a", 3) } else { ("b", 1) };
-        waiters.push_back((flow, queue(&gate, weighted(flow, weight)).await));
-    }
-    let mut served = std::collections::HashMap::<&str, u64>::new();
-    for _ in 0..40 {
-        drop(slot);
-        let mut next = None;
-        for _ in 0..1000 {
-            tokio::task::yield_now().await;
-            if let Some(at) = waiters.iter().position(|(_, t)| t.is_finished()) {
-                next = waiters.remove(at);
-                break;
-            }
-        }
-        let (flow, task) = next.expect("a waiter got the freed slot");
-        *served.entry(flow).or_default() += 1;
-        slot = task.await.unwrap().unwrap().unwrap();
-        let weight = if flow == "a" { 3 } else { 1 };
-        waiters.push_back((flow, queue(&gate, weighted(flow, weight)).await));
-    }
+    let asks = [("a", weighted("a", 3), 10), ("b", weighted("b", 1), 10)];
+    let served = serve_backlogged(&gate, &asks, 40).await;
     assert_eq!(served["a"], 30, "{served:?}");
     assert_eq!(served["b"], 10, "{served:?}");
 }
