@@ -215,11 +215,17 @@ impl ApiError {
     }
 }
 
+/// Marks a response Shoal wrote itself (never an engine's), in its
+/// extensions: a tenant is not charged for a request no engine answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterAnswer;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body =
             json!({"error": {"message": self.message, "type": self.kind, "code": self.code}});
         let mut response = (self.status, Json(body)).into_response();
+        response.extensions_mut().insert(RouterAnswer);
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()

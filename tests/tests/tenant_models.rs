@@ -4,7 +4,8 @@
 //! enforced across the fleet on top of the tenant's own: the model's
 //! allowance is spent through two replicas, the next request for it is
 //! refused on either with 429 naming the model, and both replicas'
-//! `GET /tenants` show the model's fleet-wide usage.
+//! `GET /tenants` show the model's fleet-wide usage; refused requests and
+//! a request no engine answered (Shoal's own 404) cost the tenant nothing.
 //!
 //! The `shoal` binary is found next to this test in the target directory
 //! (`cargo build -p shoal` first, or set `SHOAL_BIN`).
@@ -14,7 +15,9 @@ mod tenants_support;
 
 use std::time::Duration;
 
-use serde_json::Value;
+use bytes::Bytes;
+use http::Method;
+use serde_json::{Value, json};
 use shoal_tests::mock::DEFAULT_MODEL;
 use shoal_tests::wait::poll_until;
 use shoal_tests::workload::text;
@@ -81,6 +84,41 @@ async fn a_model_limit_holds_across_the_fleet_on_top_of_the_tenants() {
             let message = a.error_field("message").unwrap_or_default();
             assert!(message.contains(DEFAULT_MODEL), "replica {r}: {message}");
         }
+        // A request no engine answers (no worker serves its model) costs
+        // the tenant nothing: Shoal's own 404 refunds it.
+        let body = json!({
+            "model": "nobody/serves-this",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        });
+        let auth = format!("Bearer {ACME_KEY}");
+        let url = format!("{}/v1/chat/completions", urls[0]);
+        let resp = rig
+            .client
+            .send(
+                Method::POST,
+                &url,
+                &[("authorization", auth.as_str())],
+                Some(Bytes::from(body.to_string())),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404);
+        let tenant_requests = async |i| {
+            let v = rig.tenants(i).await?;
+            let acme = v["tenants"]
+                .as_array()?
+                .iter()
+                .find(|t| t["name"] == "acme")?;
+            acme.pointer("/used/requests").and_then(Value::as_u64)
+        };
+        // Refusals refund too: only the model's three admissions count.
+        let settled = poll_until(Duration::from_secs(5), async || {
+            tenant_requests(0).await == Some(MODEL_ALLOWANCE)
+                && tenant_requests(1).await == Some(MODEL_ALLOWANCE)
+        })
+        .await;
+        assert!(settled, "acme's requests: {:?}", tenant_requests(0).await);
     })
     .await;
 }

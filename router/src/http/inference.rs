@@ -17,7 +17,7 @@ use super::state::AppState;
 use crate::admission::{self, AdmittedBody, Ask, Held, Priority, class};
 use crate::auth::{self, Forward};
 use crate::config::FairShareScope;
-use crate::error::ApiError;
+use crate::error::{ApiError, RouterAnswer};
 use crate::proxy::{Outgoing, Placement, WorkerPool};
 use crate::request::RequestInfo;
 use crate::request::Route;
@@ -178,11 +178,14 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);
     let mut ticket = grant.ticket;
+    let engine_answered = response.extensions().get::<RouterAnswer>().is_none();
     if let Some(ticket) = &mut ticket
+        && engine_answered
         && !response.status().is_server_error()
     {
         // An engine answered (its own refusals included): the charge
-        // stands. Shoal's own 5xx (no worker, timeouts) refunds it.
+        // stands. An answer Shoal wrote itself (no worker, timeouts, no
+        // worker serving the model) or an engine's 5xx refunds it.
         ticket.serve();
     }
     let strip = (asked_for_usage && is_event_stream(&response)).then(UsageChunkFilter::new);
