@@ -137,6 +137,10 @@ impl Server {
             request_timeout: config.proxy.request_timeout(),
             attempt_timeout: config.proxy.attempt_timeout(),
             expose_worker: config.proxy.expose_worker_header,
+            migration: proxy::MigrationConfig {
+                limit: config.retry.migration_limit,
+                max_text_bytes: config.retry.migration_max_text_bytes,
+            },
         };
         let side_client = upstream::build_client(connect_timeout, tls).with_auth(auth.clone());
         // The recorder first: the route metrics register with it.

@@ -24,6 +24,9 @@ pub const RETRIES_TOTAL: &str = "shoal_retries_total";
 /// Failed attempts a retry was withheld from because the request may have
 /// run at the engine and its method is not idempotent, by route and reason.
 pub const RETRIES_UNSAFE_TOTAL: &str = "shoal_retries_unsafe_total";
+/// Broken streams and what became of them, by route and outcome
+/// (`resumed`, `completed`, `ineligible`, `exhausted`, `failed`).
+pub const MIGRATIONS_TOTAL: &str = "shoal_migrations_total";
 /// Requests in flight per worker (this replica's bookings).
 pub const WORKER_INFLIGHT_REQUESTS: &str = "shoal_worker_inflight_requests";
 /// Token-work in flight per worker.
@@ -167,6 +170,10 @@ fn describe() {
     describe_counter!(
         RETRIES_UNSAFE_TOTAL,
         "Failed attempts not retried because the whole request reached the engine and its method is not idempotent (the failure or the engine's answer went to the client), by route and reason."
+    );
+    describe_counter!(
+        MIGRATIONS_TOTAL,
+        "Streams whose engine connection broke, by route and outcome: resumed (a continuation on another worker took over), completed (nothing was left to generate), ineligible (the request or stream cannot be continued), exhausted (--migration-limit used up), failed (no worker took the continuation)."
     );
     describe_gauge!(
         WORKER_INFLIGHT_REQUESTS,
@@ -443,6 +450,11 @@ impl Drop for RequestRecord {
 /// Records one retry.
 pub fn retry(route: &'static str, reason: &'static str) {
     counter!(RETRIES_TOTAL, "route" => route, "reason" => reason).increment(1);
+}
+
+/// Records what became of one broken stream (see `proxy::migrate`).
+pub fn migration(route: &'static str, outcome: &'static str) {
+    counter!(MIGRATIONS_TOTAL, "route" => route, "outcome" => outcome).increment(1);
 }
 
 /// Records one retry the retry rule withheld (see `retry_rule`).

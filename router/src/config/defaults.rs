@@ -125,6 +125,12 @@ pub const RETRY_MAX_BACKOFF_MS: u64 = 30_000;
 pub const RETRY_BACKOFF_MULTIPLIER: f64 = 1.5;
 /// Random spread applied to each backoff (0.2 = ±20 %).
 pub const RETRY_JITTER_FACTOR: f64 = 0.2;
+/// Continuations one broken stream may start (0 = migration off): off by
+/// default, because a continuation re-runs the prompt's prefill.
+pub const MIGRATION_LIMIT: u32 = 0;
+/// Generated text (JSON-escaped bytes) a migratable stream keeps: 1 MiB,
+/// about 250k tokens of English, so only runaway streams outgrow it.
+pub const MIGRATION_MAX_TEXT_BYTES: usize = 1 << 20;
 
 /// Consecutive failures within the window that open a worker's circuit.
 pub const CB_FAILURE_THRESHOLD: u32 = 10;

@@ -43,6 +43,19 @@ pub struct RetryConfig {
     /// Never retry; every worker error goes straight to the client.
     #[arg(long, env = "SHOAL_DISABLE_RETRIES")]
     pub disable_retries: bool,
+
+    /// Continuations one streamed chat or completions request may start
+    /// when its engine's connection breaks mid-stream: the text generated
+    /// so far is sent to another worker, which continues it, and the
+    /// client's stream goes on (docs/routing.md, "Surviving engine
+    /// failures"). 0 = off: the client's stream is cut.
+    #[arg(long, env = "SHOAL_MIGRATION_LIMIT", default_value_t = defaults::MIGRATION_LIMIT)]
+    pub migration_limit: u32,
+
+    /// Generated text (bytes, JSON-escaped) a migratable stream keeps to
+    /// be continued from; a longer stream is no longer migrated.
+    #[arg(long, env = "SHOAL_MIGRATION_MAX_TEXT_BYTES", default_value_t = defaults::MIGRATION_MAX_TEXT_BYTES, value_parser = parsers::positive_usize)]
+    pub migration_max_text_bytes: usize,
 }
 
 impl Default for RetryConfig {
@@ -55,6 +68,8 @@ impl Default for RetryConfig {
             retry_backoff_multiplier: defaults::RETRY_BACKOFF_MULTIPLIER,
             retry_jitter_factor: defaults::RETRY_JITTER_FACTOR,
             disable_retries: false,
+            migration_limit: defaults::MIGRATION_LIMIT,
+            migration_max_text_bytes: defaults::MIGRATION_MAX_TEXT_BYTES,
         }
     }
 }

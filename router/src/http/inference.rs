@@ -18,7 +18,7 @@ use crate::admission::{self, AdmittedBody, Ask, Held, Priority, class};
 use crate::auth::{self, Forward};
 use crate::config::FairShareScope;
 use crate::error::{ApiError, RouterAnswer};
-use crate::proxy::{Outgoing, Placement, WorkerPool};
+use crate::proxy::{Migratable, Outgoing, Placement, SharedPool, StreamKind, WorkerPool};
 use crate::request::RequestInfo;
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
@@ -168,6 +168,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         info: &info,
         placement: Placement::Any,
         learn: None,
+        migratable: migratable(&app, route, &info),
     };
     if let Some(plan) = plan
         && let Err(error) = objects::place(&app, workers, &mut outgoing, plan).await
@@ -206,12 +207,28 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
 /// Whether `response` is a stream of server-sent events (what the usage
 /// filter reads; an engine's JSON error is passed as it is).
 fn is_event_stream(response: &Response) -> bool {
-    response.status().is_success()
-        && response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+    response.status().is_success() && crate::proxy::is_event_stream(response.headers())
+}
+
+/// What makes the request's stream migratable: a streamed chat or
+/// completions request, with migration on.
+fn migratable(app: &AppState, route: Route, info: &RequestInfo) -> Option<Migratable> {
+    if app.forwarder.migration.limit == 0 || !info.stream {
+        return None;
+    }
+    let kind = match route {
+        Route::ChatCompletions => StreamKind::Chat,
+        Route::Completions => StreamKind::Completion,
+        _ => return None,
+    };
+    Some(Migratable {
+        kind,
+        pool: SharedPool {
+            registry: app.registry.clone(),
+            policy: app.policy.clone(),
+            fleet: app.fleet.clone(),
+        },
+    })
 }
 
 /// What tenant admission granted a request.

@@ -37,13 +37,14 @@ pub struct TrackedBody {
 
 impl TrackedBody {
     /// Wraps `inner`; `deadline` is the end of the request's time budget,
-    /// `record` the request's accounting with the worker's status set.
+    /// `record` the request's accounting with the worker's status set
+    /// (`None`: a migratable stream keeps it across its legs).
     pub fn new(
         inner: EngineBody,
         booking: SlotBooking,
         worker: Arc<Worker>,
         deadline: tokio::time::Instant,
-        record: RequestRecord,
+        record: Option<RequestRecord>,
     ) -> Self {
         Self {
             inner,
@@ -51,7 +52,7 @@ impl TrackedBody {
             worker,
             deadline,
             timer: None,
-            record: Some(record),
+            record,
             saw_data: false,
         }
     }

@@ -80,6 +80,7 @@ impl Forwarder {
             info: &info,
             placement: Placement::Locate,
             learn: None,
+            migratable: None,
         };
         let deadline = tokio::time::Instant::now() + self.request_timeout;
         match self.attempts(workers, &probe, "other", deadline).await {

@@ -26,6 +26,7 @@
 
 mod body;
 mod locate;
+mod migrate;
 mod retry;
 
 use std::sync::Arc;
@@ -50,6 +51,9 @@ use crate::workers::{ModelNotFound, Registry, SlotBooking, Worker};
 
 pub use body::TrackedBody;
 pub use locate::{Learn, Located, Placement};
+pub use migrate::{
+    Migratable, MigratingBody, MigrationConfig, SharedPool, StreamKind, is_event_stream,
+};
 
 /// Explains an empty candidate set to the client.
 fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
@@ -72,7 +76,7 @@ fn no_workers_reason(workers: &[Arc<Worker>]) -> String {
 ///
 /// Why a type: forwarding needs only these, not the replica's whole state,
 /// so the proxy depends on nothing of the HTTP front.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Forwarder {
     /// How connections to workers are opened (deadline, TLS); they are
     /// pooled per thread by [`engine_h1`].
@@ -88,6 +92,8 @@ pub struct Forwarder {
     pub attempt_timeout: Option<Duration>,
     /// Name the answering worker in an `x-shoal-worker` response header.
     pub expose_worker: bool,
+    /// Continuing broken streams on another worker (`migrate`).
+    pub migration: MigrationConfig,
 }
 
 /// The workers one request may go to and how to choose among them,
@@ -129,6 +135,9 @@ pub struct Outgoing<'a> {
     pub placement: Placement,
     /// Record where a stored object lives when the answer is a success.
     pub learn: Option<Learn<'a>>,
+    /// A streamed chat or completions request whose stream may be
+    /// continued elsewhere if its engine fails (migration on).
+    pub migratable: Option<Migratable>,
 }
 
 /// Why an attempt got no response.
@@ -190,13 +199,15 @@ impl Answer {
     }
 
     /// Passes the answer to the client as a stream that releases the
-    /// booking and ends `record` when it ends.
+    /// booking and ends `record` when it ends; `resume` (a migratable
+    /// request's) makes an event stream survive its engine's failure.
     fn deliver(
         self,
         mut record: RequestRecord,
         deadline: tokio::time::Instant,
-        expose_worker: bool,
+        forwarder: &Forwarder,
         learn: Option<Learn<'_>>,
+        resume: Option<migrate::Resume>,
     ) -> Response {
         record.first_byte();
         if let Some(span) = record.span() {
@@ -206,12 +217,32 @@ impl Answer {
         // The engine client already dropped the hop-by-hop headers.
         let (mut parts, body) = self.response.into_parts();
         record.set_status(parts.status.as_u16());
-        if expose_worker && let Ok(url) = http::HeaderValue::from_str(self.worker.url()) {
+        if forwarder.expose_worker
+            && let Ok(url) = http::HeaderValue::from_str(self.worker.url())
+        {
             parts.headers.insert("x-shoal-worker", url);
         }
         let learn = learn.filter(|_| parts.status.is_success());
         let worker_url = self.worker.clone();
-        let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, record);
+        let resume = resume
+            .filter(|_| parts.status == http::StatusCode::OK && is_event_stream(&parts.headers));
+        if let Some(resume) = resume {
+            // A continuation's events are rewritten: the length changes.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            let first = TrackedBody::new(body, self.booking, self.worker.clone(), deadline, None);
+            let migration = forwarder.migration;
+            let body = MigratingBody::new(
+                first,
+                self.worker,
+                resume,
+                migration.limit,
+                migration.max_text_bytes,
+                deadline,
+                record,
+            );
+            return Response::from_parts(parts, Body::new(body));
+        }
+        let tracked = TrackedBody::new(body, self.booking, self.worker, deadline, Some(record));
         let body = match learn {
             None => Body::new(tracked),
             Some(Learn {
@@ -373,11 +404,16 @@ impl Forwarder {
         record: RequestRecord,
     ) -> Response {
         let deadline = tokio::time::Instant::from_std(record.started()) + self.request_timeout;
-        match self
-            .attempts(workers, &request, record.route(), deadline)
-            .await
-        {
-            Ok(answer) => answer.deliver(record, deadline, self.expose_worker, request.learn),
+        let route = record.route();
+        match self.attempts(workers, &request, route, deadline).await {
+            Ok(answer) => {
+                let resume = request
+                    .migratable
+                    .clone()
+                    .filter(|_| self.migration.limit > 0 && request.learn.is_none())
+                    .map(|m| migrate::Resume::of(self, &request, m, route));
+                answer.deliver(record, deadline, self, request.learn, resume)
+            }
             Err(error) => record.respond(error.into_response()),
         }
     }

@@ -75,7 +75,10 @@ async fn run(cli: Cli) -> Result<ExitCode, DemoError> {
     );
     let cfg = FleetConfig::new(bin, usize::from(cli.replicas), urls)
         .base_port(cli.base_port)
-        .args(["--policy", "least_load", "--drain-settle-secs", "1"]);
+        .args(["--policy", "least_load", "--drain-settle-secs", "1"])
+        // A stream whose engine dies goes on elsewhere (README, "Surviving
+        // engine failures").
+        .args(["--migration-limit", "2"]);
     let mut fleet = Fleet::start(cfg).await?;
     let started = Instant::now();
     fleet.wait_meshed(Duration::from_secs(30)).await?;

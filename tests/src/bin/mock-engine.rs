@@ -105,6 +105,11 @@ struct Cli {
     /// tokens, as vLLM does. Needs --tokenizer.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Output token k of a reply is `w{k} ` instead of `tok `, and a
+    /// continuation goes on from the words its open assistant turn (or
+    /// completions prompt) already holds.
+    #[arg(long)]
+    numbered_output: bool,
 }
 
 impl Cli {
@@ -133,6 +138,7 @@ impl Cli {
             kv_events_buffer_steps: self.kv_events_buffer_steps,
             kv_events_topic: self.kv_events_topic.clone(),
             chat_template: self.chat_template.clone(),
+            numbered_output: self.numbered_output,
         }
     }
 }

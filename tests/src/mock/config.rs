@@ -111,6 +111,12 @@ pub struct EngineConfig {
     /// A Jinja chat template chat requests are rendered with before they
     /// are tokenized (`--chat-template`; needs `tokenizer`), as vLLM does.
     pub chat_template: Option<PathBuf>,
+    /// Output token k of a reply is `w{k} ` instead of `tok `
+    /// (`--numbered-output`), and a continuation (an open assistant turn
+    /// with `continue_final_message`, or a completions prompt ending in
+    /// such words) goes on from the words it holds: a migrated stream's
+    /// text then shows any token lost or repeated.
+    pub numbered_output: bool,
 }
 
 /// Tokens per KV block unless told otherwise: vLLM's default `--block-size`.
@@ -150,6 +156,7 @@ impl Default for EngineConfig {
             kv_events_buffer_steps: DEFAULT_KV_EVENTS_BUFFER_STEPS,
             kv_events_topic: String::new(),
             chat_template: None,
+            numbered_output: false,
         }
     }
 }

@@ -15,7 +15,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::engine::Engine;
 use super::model::Event;
-use super::requests::{ApiKind, ParsedRequest, TOKEN_TEXT, parse_request};
+use super::requests::{
+    ApiKind, ParsedRequest, TOKEN_TEXT, numbered_token, numbered_words, parse_request,
+};
 use super::snapshot::Timing;
 
 /// An OpenAI-shaped error: `{"error":{"message","type","code"}}`.
@@ -151,11 +153,27 @@ async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Byt
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let rx = engine.submit(id, client_id, req.prompt_tokens, req.max_tokens, blocks);
-    let frames = Frames::new(&req, id, &cfg.model_name);
+    let mut frames = Frames::new(&req, id, &cfg.model_name);
+    if cfg.numbered_output {
+        frames.numbered_from = Some(continued_words(&req));
+    }
     if req.stream {
         stream_response(rx, frames, id)
     } else {
         full_response(rx, frames, id).await
+    }
+}
+
+/// The numbered words a continuation already holds (0 for a fresh reply):
+/// an open assistant turn's, or a completions prompt's.
+fn continued_words(req: &ParsedRequest) -> u64 {
+    match req.kind {
+        ApiKind::Chat if req.continues_final_message => req
+            .messages
+            .last()
+            .map_or(0, |(_, content)| numbered_words(content)),
+        ApiKind::Completion => numbered_words(&req.prompt_text),
+        _ => 0,
     }
 }
 
@@ -178,7 +196,7 @@ async fn full_response(mut rx: UnboundedReceiver<Event>, f: Frames, id: u64) -> 
             }
         }
     };
-    let text = TOKEN_TEXT.repeat(timing.output_tokens as usize);
+    let text = f.output_text(0, timing.output_tokens);
     let usage = f.usage(&timing);
     let body = match f.kind {
         ApiKind::Chat => json!({
@@ -266,6 +284,8 @@ struct Frames {
     text: String,
     /// The prompt text (what an embedding is computed from).
     prompt: String,
+    /// `--numbered-output`: the number of the reply's first token.
+    numbered_from: Option<u64>,
 }
 
 impl Frames {
@@ -289,6 +309,17 @@ impl Frames {
             sent: 0,
             text: String::new(),
             prompt: req.prompt_text.clone(),
+            numbered_from: None,
+        }
+    }
+
+    /// The text of output tokens `from..from + n`.
+    fn output_text(&self, from: u64, n: u64) -> String {
+        match self.numbered_from {
+            None => TOKEN_TEXT.repeat(n as usize),
+            Some(start) => (from..from + n)
+                .map(|k| numbered_token(start + k))
+                .collect(),
         }
     }
 
@@ -334,7 +365,7 @@ impl Frames {
     }
 
     fn token_frame(&mut self, n: u32) -> Bytes {
-        let piece = TOKEN_TEXT.repeat(n as usize);
+        let piece = self.output_text(self.sent, u64::from(n));
         let first = self.sent == 0;
         self.sent += u64::from(n);
         let s = match self.kind {

@@ -52,6 +52,9 @@ pub struct ParsedRequest {
     /// A chat request's messages as (role, content): string contents, or
     /// their text parts joined by newlines (vLLM's string content format).
     pub messages: Vec<(String, String)>,
+    /// A chat request continues its final (assistant) message
+    /// (`continue_final_message`) instead of starting a new one.
+    pub continues_final_message: bool,
 }
 
 /// The text of one generated token.
@@ -143,6 +146,44 @@ fn json_messages(items: &[Value]) -> Value {
     serde_json::json!({ "messages": messages })
 }
 
+/// Whether a chat request continues its final message, checked as vLLM
+/// checks it: `continue_final_message` cannot go with
+/// `add_generation_prompt` (true unless sent false), and the message to
+/// continue must be the assistant's.
+fn continuation(v: &Value, messages: &[(String, String)]) -> Result<bool, String> {
+    let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
+    if !flag("continue_final_message", false) {
+        return Ok(false);
+    }
+    if flag("add_generation_prompt", true) {
+        return Err(bad(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
+    }
+    match messages.last() {
+        Some((role, _)) if role == "assistant" => Ok(true),
+        _ => Err(bad(
+            "Cannot set continue_final_message to True when the last message is not from the assistant.",
+        )),
+    }
+}
+
+/// Output token `k` of a reply in `--numbered-output` mode.
+pub fn numbered_token(k: u64) -> String {
+    format!("w{k} ")
+}
+
+/// The numbered output words (`w{k}`) `text` already holds: where a
+/// continuation of it goes on from.
+pub fn numbered_words(text: &str) -> u64 {
+    text.split_whitespace()
+        .filter(|w| {
+            w.strip_prefix('w')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count() as u64
+}
+
 /// Parses a request body for `kind`; errors are messages for a 400.
 pub fn parse_request(
     kind: ApiKind,
@@ -229,8 +270,10 @@ pub fn parse_request(
         ApiKind::Chat => chat_messages(&v),
         _ => Vec::new(),
     };
+    let continues_final_message = kind == ApiKind::Chat && continuation(&v, &messages)?;
     Ok(ParsedRequest {
         messages,
+        continues_final_message,
         kind,
         prompt_tokens,
         prompt_text,

@@ -1,0 +1,385 @@
+//! What a migratable stream has shown its client: whole SSE events only,
+//! and just enough of them to continue the generation elsewhere.
+//!
+//! Two jobs, both on the hot path of every migratable stream, so both are
+//! byte scans (memchr), never a JSON parse:
+//! - [`Framer`] passes on whole events and holds back the tail of one cut
+//!   between frames, so a stream broken mid-event never leaves the client
+//!   with half an event that the continuation could not complete;
+//! - [`Transcript`] keeps the generated text (still JSON-escaped, a few
+//!   bytes per token rather than the ~200 bytes of the event), the first
+//!   event (its `id`, `created`, `model`), and what would forbid a
+//!   continuation (tool calls, reasoning text). The text is unescaped and
+//!   the first event parsed only when a stream actually fails.
+
+use bytes::{Bytes, BytesMut};
+use memchr::memmem;
+
+/// Which OpenAI stream a transcript reads: where its text is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `/v1/chat/completions`: text in `choices[0].delta.content`.
+    Chat,
+    /// `/v1/completions`: text in `choices[0].text`.
+    Completion,
+}
+
+/// The end of the next complete event in `buf` from `from`: the index just
+/// past its blank line (`\n\n` or `\r\n\r\n`).
+fn next_event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(i) = buf.get(at..).and_then(|rest| memchr::memchr(b'\n', rest)) {
+        let nl = at + i;
+        match (buf.get(nl + 1), buf.get(nl + 2)) {
+            (Some(b'\n'), _) => return Some(nl + 2),
+            (Some(b'\r'), Some(b'\n')) => return Some(nl + 3),
+            _ => at = nl + 1,
+        }
+    }
+    None
+}
+
+/// Each complete event in `buf`, blank line included.
+pub fn events(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let end = next_event_end(buf, start)?;
+        let event = buf.get(start..end)?;
+        start = end;
+        Some(event)
+    })
+}
+
+/// The data of an event's first `data:` line (one leading space dropped),
+/// or `None` for an event with no data (a comment, a keep-alive).
+pub fn data_of(event: &[u8]) -> Option<&[u8]> {
+    event
+        .split(|b| *b == b'\n')
+        .find_map(|line| line.strip_prefix(b"data:"))
+        .map(|data| {
+            let data = data.strip_suffix(b"\r").unwrap_or(data);
+            data.strip_prefix(b" ").unwrap_or(data)
+        })
+}
+
+/// Cuts a byte stream into whole events.
+#[derive(Debug, Default)]
+pub struct Framer {
+    /// The start of an event whose end has not arrived yet.
+    held: BytesMut,
+}
+
+impl Framer {
+    /// The whole events that `frame` completes (empty when none), holding
+    /// back what follows the last of them. A frame that ends on an event
+    /// boundary with nothing held is passed on as it is, without a copy.
+    pub fn push(&mut self, frame: Bytes) -> Bytes {
+        let mut buf = match self.held.is_empty() {
+            true => frame,
+            false => {
+                self.held.extend_from_slice(&frame);
+                self.held.split().freeze()
+            }
+        };
+        if buf.ends_with(b"\n\n") {
+            return buf;
+        }
+        let mut end = 0;
+        while let Some(next) = next_event_end(&buf, end) {
+            end = next;
+        }
+        let tail = buf.split_off(end);
+        self.held.extend_from_slice(&tail);
+        buf
+    }
+
+    /// What is held at the end of the stream (an event the engine never
+    /// finished): passed on as it is.
+    pub fn rest(&mut self) -> Bytes {
+        self.held.split().freeze()
+    }
+}
+
+/// Why a stream cannot be continued from what it has shown.
+pub type Refusal = &'static str;
+
+/// The part of a stream a continuation needs.
+#[derive(Debug)]
+pub struct Transcript {
+    kind: StreamKind,
+    /// The first event's data (a JSON chunk): its `id`, `created`, `model`.
+    first: Option<Bytes>,
+    /// The text generated so far, JSON-escaped as the engine sent it.
+    text: Vec<u8>,
+    /// Events that carried text: the output tokens, one per event, when the
+    /// engine reports no running count.
+    text_events: u64,
+    /// The last `completion_tokens` the stream reported (vLLM's and
+    /// SGLang's `continuous_usage_stats`).
+    reported_tokens: Option<u64>,
+    /// A choice's `finish_reason` was set: nothing is left to generate.
+    finished: bool,
+    /// `data: [DONE]` was seen.
+    done: bool,
+    /// What forbids a continuation, once seen.
+    refusal: Option<Refusal>,
+    /// Largest escaped text kept; past it the stream is not migratable.
+    max_text_bytes: usize,
+}
+
+/// Byte patterns the transcript looks for.
+struct Needles {
+    chat_text: memmem::Finder<'static>,
+    completion_text: memmem::Finder<'static>,
+    finish: memmem::Finder<'static>,
+    tool_calls: memmem::Finder<'static>,
+    reasoning: memmem::Finder<'static>,
+    reasoning_content: memmem::Finder<'static>,
+    completion_tokens: memmem::Finder<'static>,
+}
+
+/// Built once: a finder precomputes its search tables.
+fn needles() -> &'static Needles {
+    static NEEDLES: std::sync::OnceLock<Needles> = std::sync::OnceLock::new();
+    NEEDLES.get_or_init(|| Needles {
+        chat_text: memmem::Finder::new(b"\"content\":\""),
+        completion_text: memmem::Finder::new(b"\"text\":\""),
+        finish: memmem::Finder::new(b"\"finish_reason\":\""),
+        tool_calls: memmem::Finder::new(b"\"tool_calls\":["),
+        reasoning: memmem::Finder::new(b"\"reasoning\":\""),
+        reasoning_content: memmem::Finder::new(b"\"reasoning_content\":\""),
+        completion_tokens: memmem::Finder::new(b"\"completion_tokens\":"),
+    })
+}
+
+/// The escaped JSON string that starts at `at` (just past its opening
+/// quote): up to its closing quote, or `None` when it does not close.
+fn escaped_string(buf: &[u8], at: usize) -> Option<&[u8]> {
+    let rest = buf.get(at..)?;
+    let mut i = 0;
+    while let Some(j) = rest.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
+        let k = i + j;
+        match rest.get(k) {
+            Some(b'\\') => i = k + 2,
+            _ => return rest.get(..k),
+        }
+    }
+    None
+}
+
+/// The unsigned integer that starts at `at` (JSON whitespace skipped).
+fn number_at(buf: &[u8], at: usize) -> Option<u64> {
+    let rest = buf.get(at..)?;
+    let rest = &rest[rest.iter().take_while(|b| b.is_ascii_whitespace()).count()..];
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(rest.get(..digits)?).ok()?.parse().ok()
+}
+
+/// What a failed stream had shown, decoded: where a continuation starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumePoint {
+    /// The generated text so far.
+    pub text: String,
+    /// Output tokens generated so far.
+    pub tokens: u64,
+    /// The first event, parsed (`None` when no event was shown).
+    pub first: Option<serde_json::Value>,
+    /// Nothing is left to generate (a finish reason was sent).
+    pub finished: bool,
+    /// The stream's `[DONE]` was sent.
+    pub done: bool,
+}
+
+impl Transcript {
+    /// An empty transcript of a `kind` stream keeping at most
+    /// `max_text_bytes` of text.
+    pub fn new(kind: StreamKind, max_text_bytes: usize) -> Self {
+        Self {
+            kind,
+            first: None,
+            text: Vec::new(),
+            text_events: 0,
+            reported_tokens: None,
+            finished: false,
+            done: false,
+            refusal: None,
+            max_text_bytes,
+        }
+    }
+
+    /// Notes every whole event in `events` (what [`Framer::push`] gave).
+    pub fn note(&mut self, events_bytes: &Bytes) {
+        for event in events(events_bytes) {
+            let Some(data) = data_of(event) else { continue };
+            if data == b"[DONE]" {
+                self.done = true;
+                continue;
+            }
+            if self.first.is_none() && data.first() == Some(&b'{') {
+                self.first = Some(events_bytes.slice_ref(data));
+            }
+            self.note_chunk(data);
+        }
+    }
+
+    fn note_chunk(&mut self, data: &[u8]) {
+        let n = needles();
+        let text_at = match self.kind {
+            StreamKind::Chat => n
+                .chat_text
+                .find(data)
+                .map(|i| i + n.chat_text.needle().len()),
+            StreamKind::Completion => n
+                .completion_text
+                .find(data)
+                .map(|i| i + n.completion_text.needle().len()),
+        };
+        if let Some(piece) = text_at.and_then(|at| escaped_string(data, at))
+            && !piece.is_empty()
+        {
+            self.text_events += 1;
+            if self.text.len() + piece.len() > self.max_text_bytes {
+                self.refusal
+                    .get_or_insert("the stream is longer than --migration-max-text-bytes");
+            } else if self.refusal.is_none() {
+                self.text.extend_from_slice(piece);
+            }
+        }
+        if n.finish.find(data).is_some() {
+            self.finished = true;
+        }
+        if self.kind == StreamKind::Chat {
+            if n.tool_calls.find(data).is_some() {
+                self.refusal
+                    .get_or_insert("the reply streams tool calls, which no engine continues");
+            }
+            let reasoning = [&n.reasoning, &n.reasoning_content].into_iter().any(|f| {
+                f.find(data)
+                    .and_then(|i| escaped_string(data, i + f.needle().len()))
+                    .is_some_and(|s| !s.is_empty())
+            });
+            if reasoning {
+                self.refusal.get_or_insert(
+                    "the reply streams reasoning text, which a continuation would lose",
+                );
+            }
+        }
+        if let Some(i) = n.completion_tokens.find(data)
+            && let Some(count) = number_at(data, i + n.completion_tokens.needle().len())
+        {
+            self.reported_tokens = Some(count);
+        }
+    }
+
+    /// Where a continuation starts, or why there can be none.
+    pub fn resume_point(&self) -> Result<ResumePoint, Refusal> {
+        if let Some(refusal) = self.refusal {
+            return Err(refusal);
+        }
+        let mut quoted = Vec::with_capacity(self.text.len() + 2);
+        quoted.push(b'"');
+        quoted.extend_from_slice(&self.text);
+        quoted.push(b'"');
+        let text: String = serde_json::from_slice(&quoted)
+            .map_err(|_| "the streamed text is not valid JSON string content")?;
+        let first = match &self.first {
+            Some(bytes) => Some(
+                serde_json::from_slice(bytes)
+                    .map_err(|_| "the stream's first event is not JSON")?,
+            ),
+            None => None,
+        };
+        Ok(ResumePoint {
+            text,
+            tokens: self.reported_tokens.unwrap_or(self.text_events),
+            first,
+            finished: self.finished,
+            done: self.done,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_chunk(content: &str) -> String {
+        format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"created\":7,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}},\"finish_reason\":null}}]}}\n\n",
+            serde_json::Value::from(content)
+        )
+    }
+
+    #[test]
+    fn the_framer_holds_a_cut_event_until_it_is_whole() {
+        let mut framer = Framer::default();
+        let whole = chat_chunk("a");
+        let (head, tail) = whole.split_at(20);
+        assert!(framer.push(Bytes::from(head.to_string())).is_empty());
+        let out = framer.push(Bytes::from(format!("{tail}{}", &whole[..10])));
+        assert_eq!(out, whole.as_bytes());
+        assert_eq!(framer.rest(), &whole.as_bytes()[..10]);
+        assert!(framer.rest().is_empty());
+    }
+
+    #[test]
+    fn crlf_events_are_events_too() {
+        let mut framer = Framer::default();
+        let out = framer.push(Bytes::from_static(b"data: 1\r\n\r\ndata: 2\r\n"));
+        assert_eq!(out, &b"data: 1\r\n\r\n"[..]);
+        assert_eq!(data_of(&out), Some(&b"1"[..]));
+    }
+
+    #[test]
+    fn the_transcript_keeps_the_text_and_counts_tokens() {
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        let mut stream = String::from(
+            "data: {\"id\":\"chatcmpl-1\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+        );
+        for piece in ["Hel", "lo \"q\"", " \u{e9}\\n"] {
+            stream.push_str(&chat_chunk(piece));
+        }
+        stream.push_str(": keep-alive\n\n");
+        t.note(&Bytes::from(stream));
+        let point = t.resume_point().unwrap();
+        assert_eq!(point.text, "Hello \"q\" \u{e9}\\n");
+        assert_eq!(point.tokens, 3);
+        assert_eq!(point.first.unwrap()["id"], "chatcmpl-1");
+        assert!(!point.finished && !point.done);
+    }
+
+    #[test]
+    fn a_running_usage_count_beats_counting_events() {
+        let mut t = Transcript::new(StreamKind::Completion, 1 << 20);
+        t.note(&Bytes::from_static(
+            b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"ab\",\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\": 5}}\n\n",
+        ));
+        t.note(&Bytes::from_static(
+            b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n",
+        ));
+        let point = t.resume_point().unwrap();
+        assert_eq!((point.text.as_str(), point.tokens), ("ab", 5));
+        assert!(point.finished && point.done);
+    }
+
+    #[test]
+    fn tool_calls_reasoning_and_length_forbid_a_continuation() {
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}\n\n",
+        ));
+        assert!(t.resume_point().unwrap_err().contains("tool calls"));
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hmm\"}}]}\n\n",
+        ));
+        assert!(t.resume_point().unwrap_err().contains("reasoning"));
+        let mut t = Transcript::new(StreamKind::Chat, 4);
+        t.note(&Bytes::from(chat_chunk("12345")));
+        assert!(t.resume_point().unwrap_err().contains("longer"));
+        // Escaped quotes inside content are text, not keys.
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from(chat_chunk("\"tool_calls\":[")));
+        assert_eq!(t.resume_point().unwrap().text, "\"tool_calls\":[");
+    }
+}
