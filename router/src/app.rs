@@ -81,7 +81,7 @@ impl Server {
         };
         let mesh = mesh_setup::start(&config.mesh, http_addr, timings).await?;
         let registry = Arc::new(Registry::with_mesh(
-            &config.worker_urls,
+            &config.seed_urls(),
             config.breaker.clone(),
             mesh.clone(),
             config.load.polls_engines(),
@@ -92,6 +92,12 @@ impl Server {
         }
         if let (Some(mesh), Some(sightings)) = (&mesh, policy.sightings()) {
             mesh_setup::share_sightings(mesh, &sightings);
+        }
+        let disagg = proxy::Disagg::new(&config.disagg, &config.routing, &policy);
+        for pool_policy in disagg.iter().flat_map(|d| d.policies()) {
+            if let Some(error) = pool_policy.kv_events().and_then(|kv| kv.load_error()) {
+                return Err(StartError::Policy(error));
+            }
         }
         let objects = Arc::new(ObjectTable::new(config.proxy.stored_objects_capacity));
         if let Some(mesh) = &mesh {
@@ -105,7 +111,7 @@ impl Server {
             registry.clone(),
             policy.clone(),
             worker_set,
-            &config.worker_urls,
+            &config.seed_urls(),
         ));
         let fleet: Arc<dyn FleetView> = match &mesh {
             Some(_) => Arc::new(MeshFleet::new(config.load.stale_after())),
@@ -161,6 +167,7 @@ impl Server {
             policy,
             fleet,
             forwarder,
+            disagg,
             auth,
             side_client,
             route_metrics,
@@ -227,21 +234,31 @@ impl Server {
                 move || kubernetes::run(discovery.clone(), sources.clone())
             }));
         }
-        if state.policy.background_task().is_some() {
-            background.spawn(supervised("policy", {
-                let policy = state.policy.clone();
-                move || {
-                    policy
-                        .background_task()
-                        .unwrap_or_else(|| Box::pin(std::future::ready(())))
-                }
-            }));
+        // The replica's policy, and a disaggregated fleet's pool policies
+        // that are not that one.
+        let mut policies = vec![state.policy.clone()];
+        for pool_policy in state.disagg.iter().flat_map(|d| d.policies()) {
+            if !policies.iter().any(|p| Arc::ptr_eq(p, pool_policy)) {
+                policies.push(pool_policy.clone());
+            }
         }
-        if let Some(kv) = state.policy.kv_events() {
-            background.spawn(supervised("kv_events", {
-                let registry = state.registry.clone();
-                move || kv.clone().run(registry.clone())
-            }));
+        for policy in policies {
+            if policy.background_task().is_some() {
+                background.spawn(supervised("policy", {
+                    let policy = policy.clone();
+                    move || {
+                        policy
+                            .background_task()
+                            .unwrap_or_else(|| Box::pin(std::future::ready(())))
+                    }
+                }));
+            }
+            if let Some(kv) = policy.kv_events() {
+                background.spawn(supervised("kv_events", {
+                    let registry = state.registry.clone();
+                    move || kv.clone().run(registry.clone())
+                }));
+            }
         }
         if let Some(handle) = state.metrics.clone() {
             background.spawn(supervised("metrics", move || {

@@ -64,7 +64,7 @@ async fn main() -> ExitCode {
         },
         Err(err) => tracing::warn!(error = %err, "cannot read the open-file limit"),
     }
-    if config.worker_urls.is_empty() {
+    if config.seed_urls().is_empty() {
         tracing::warn!("no --worker-urls given: add workers with POST /workers");
     }
     let server = match Server::bind(config).await {

@@ -59,7 +59,20 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
     }
     state.auth.store(Arc::new(auth));
     done.applied.push("keys");
-    state.sources.set_seeds(&new.worker_urls);
+    // The pools' workers are seeds too; a changed pool needs a restart
+    // (below), so the seeds keep the current pools'.
+    let mut seeds = new.worker_urls.clone();
+    for url in current
+        .disagg
+        .decode_urls
+        .iter()
+        .chain(&current.disagg.prefill_urls)
+    {
+        if !seeds.contains(url) {
+            seeds.push(url.clone());
+        }
+    }
+    state.sources.set_seeds(&seeds);
     done.applied.push("worker-urls");
     if new.routing.policy == current.routing.policy {
         state.policy.reconfigure(&new.routing);
@@ -83,6 +96,7 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
         ("discovery", new.discovery != current.discovery),
         ("proxy", new.proxy != current.proxy),
         ("retry", new.retry != current.retry),
+        ("disaggregation", new.disagg != current.disagg),
         ("admission", new.admission != current.admission),
         ("health", new.health != current.health),
         ("load polling", new.load != current.load),

@@ -27,6 +27,9 @@ pub const RETRIES_UNSAFE_TOTAL: &str = "shoal_retries_unsafe_total";
 /// Broken streams and what became of them, by route and outcome
 /// (`resumed`, `completed`, `ineligible`, `exhausted`, `failed`).
 pub const MIGRATIONS_TOTAL: &str = "shoal_migrations_total";
+/// Requests of a disaggregated fleet by protocol and path
+/// (`disaggregated`, `decode_only`, `prefill_failed`).
+pub const DISAGG_REQUESTS_TOTAL: &str = "shoal_disagg_requests_total";
 /// Requests in flight per worker (this replica's bookings).
 pub const WORKER_INFLIGHT_REQUESTS: &str = "shoal_worker_inflight_requests";
 /// Token-work in flight per worker.
@@ -170,6 +173,10 @@ fn describe() {
     describe_counter!(
         RETRIES_UNSAFE_TOTAL,
         "Failed attempts not retried because the whole request reached the engine and its method is not idempotent (the failure or the engine's answer went to the client), by route and reason."
+    );
+    describe_counter!(
+        DISAGG_REQUESTS_TOTAL,
+        "Requests of a disaggregated fleet by protocol and path: disaggregated (prefilled on the prefill pool, decoded on the decode pool), decode_only (a prompt under --pd-min-prompt-tokens), prefill_failed (vllm: decoded with a local prefill; sglang: 502 or 503)."
     );
     describe_counter!(
         MIGRATIONS_TOTAL,
@@ -450,6 +457,11 @@ impl Drop for RequestRecord {
 /// Records one retry.
 pub fn retry(route: &'static str, reason: &'static str) {
     counter!(RETRIES_TOTAL, "route" => route, "reason" => reason).increment(1);
+}
+
+/// Records the path of one disaggregated request (see `proxy::disagg`).
+pub fn disagg(protocol: &'static str, path: &'static str) {
+    counter!(DISAGG_REQUESTS_TOTAL, "protocol" => protocol, "path" => path).increment(1);
 }
 
 /// Records what became of one broken stream (see `proxy::migrate`).

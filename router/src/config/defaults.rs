@@ -125,6 +125,11 @@ pub const RETRY_MAX_BACKOFF_MS: u64 = 30_000;
 pub const RETRY_BACKOFF_MULTIPLIER: f64 = 1.5;
 /// Random spread applied to each backoff (0.2 = ±20 %).
 pub const RETRY_JITTER_FACTOR: f64 = 0.2;
+/// Prompt tokens below which a request skips the prefill pool (0 =
+/// always disaggregate, as llm-d's default).
+pub const PD_MIN_PROMPT_TOKENS: u64 = 0;
+/// SGLang's default `--disaggregation-bootstrap-port`.
+pub const PD_BOOTSTRAP_PORT: u16 = 8998;
 /// Continuations one broken stream may start (0 = migration off): off by
 /// default, because a continuation re-runs the prompt's prefill.
 pub const MIGRATION_LIMIT: u32 = 0;

@@ -21,6 +21,7 @@
 
 mod admission;
 pub mod defaults;
+mod disagg;
 mod discovery;
 mod file;
 mod front;
@@ -40,6 +41,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 pub use admission::{ADMISSION_FLAGS, AdmissionConfig, FairShareScope};
+pub use disagg::{DISAGG_FLAGS, DisaggConfig, PdProtocol};
 pub use discovery::{DISCOVERY_FLAGS, DiscoveryConfig, DiscoveryKind, DiscoveryScheme};
 pub use file::FileError;
 pub use front::{FRONT_FLAGS, FrontConfig};
@@ -141,6 +143,10 @@ pub struct Config {
     #[command(flatten)]
     pub retry: RetryConfig,
 
+    /// Disaggregated prefill/decode pools.
+    #[command(flatten)]
+    pub disagg: DisaggConfig,
+
     /// Circuit-breaker settings.
     #[command(flatten)]
     pub breaker: BreakerConfig,
@@ -232,11 +238,30 @@ impl Config {
     /// message names the flags involved.
     fn validate(&self) -> Result<(), ConfigError> {
         self.retry.validate().map_err(ConfigError::Invalid)?;
+        self.disagg.validate().map_err(ConfigError::Invalid)?;
         self.load.validate().map_err(ConfigError::Invalid)?;
         self.mesh.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.security.validate().map_err(ConfigError::Invalid)?;
         Ok(())
+    }
+
+    /// Every seeded worker: `--worker-urls`, then the decode and prefill
+    /// pools' (a disaggregated fleet's workers are ordinary workers with a
+    /// role).
+    pub fn seed_urls(&self) -> Vec<String> {
+        let mut urls = self.worker_urls.clone();
+        for url in self
+            .disagg
+            .decode_urls
+            .iter()
+            .chain(&self.disagg.prefill_urls)
+        {
+            if !urls.contains(url) {
+                urls.push(url.clone());
+            }
+        }
+        urls
     }
 
     /// Grace period between SIGTERM and closing the listener.

@@ -18,13 +18,16 @@ use crate::admission::{self, AdmittedBody, Ask, Held, Priority, class};
 use crate::auth::{self, Forward};
 use crate::config::FairShareScope;
 use crate::error::{ApiError, RouterAnswer};
-use crate::proxy::{Migratable, Outgoing, Placement, SharedPool, StreamKind, WorkerPool};
+use crate::proxy::{
+    Disagg, Migratable, Outgoing, Placement, SharedPool, StreamKind, WorkerPool, disagg,
+};
 use crate::request::RequestInfo;
 use crate::request::Route;
 use crate::telemetry::{self, RequestRecord};
 use crate::tenants::share::FleetShare;
 use crate::tenants::stream_usage::{self, UsageChunkFilter};
 use crate::tenants::{self, Decision, Tenant, TenantTicket};
+use crate::workers::OwnedPoolSide;
 use crate::{engine_h1, otel};
 
 /// A rate-limit header for the client.
@@ -121,6 +124,9 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         registry: &app.registry,
         policy: app.policy.as_ref(),
         fleet: app.fleet.as_ref(),
+        // A disaggregated fleet's requests that are not split go to its
+        // decode pool.
+        side: app.disagg.as_ref().map(Disagg::decode_side),
     };
     if let (Some(span), Some(model)) = (record.span(), info.model.as_deref()) {
         span.record("gen_ai.request.model", model);
@@ -175,7 +181,19 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
     {
         return record.respond(error.into_response());
     }
-    let mut response = app.forwarder.forward(workers, outgoing, record).await;
+    let mut response = match &app.disagg {
+        Some(disagg) if disagg.splits(route) => {
+            let fleet = disagg::Fleet {
+                registry: &app.registry,
+                fleet: app.fleet.as_ref(),
+                side_client: &app.side_client,
+            };
+            disagg
+                .forward(&app.forwarder, fleet, outgoing, record)
+                .await
+        }
+        _ => app.forwarder.forward(workers, outgoing, record).await,
+    };
     // The body is no longer held (retries are over): its budget goes back.
     drop(reservation);
     let mut ticket = grant.ticket;
@@ -216,6 +234,9 @@ fn migratable(app: &AppState, route: Route, info: &RequestInfo) -> Option<Migrat
     if app.forwarder.migration.limit == 0 || !info.stream {
         return None;
     }
+    if app.disagg.as_ref().is_some_and(|d| !d.migrates()) {
+        return None;
+    }
     let kind = match route {
         Route::ChatCompletions => StreamKind::Chat,
         Route::Completions => StreamKind::Completion,
@@ -227,6 +248,10 @@ fn migratable(app: &AppState, route: Route, info: &RequestInfo) -> Option<Migrat
             registry: app.registry.clone(),
             policy: app.policy.clone(),
             fleet: app.fleet.clone(),
+            side: app.disagg.as_ref().map(|d| OwnedPoolSide {
+                roles: d.roles().clone(),
+                prefill: false,
+            }),
         },
     })
 }

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::fleet::FleetView;
 use crate::objects::ObjectTable;
 use crate::policy::Policy;
-use crate::proxy::Forwarder;
+use crate::proxy::{Disagg, Forwarder};
 use crate::request::Route;
 use crate::sources::WorkerSources;
 use crate::telemetry::RouteMetrics;
@@ -39,6 +39,9 @@ pub struct AppState {
     pub fleet: Arc<dyn FleetView>,
     /// Forwards inference requests (its own client, retries, deadline).
     pub forwarder: Forwarder,
+    /// The prefill/decode dispatch of a disaggregated fleet
+    /// (`--prefill-urls`).
+    pub disagg: Option<Disagg>,
     /// Client for side requests (model lists).
     pub side_client: HttpClient,
     /// Per-request metric handles of each route, by [`Route::index`].

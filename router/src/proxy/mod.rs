@@ -25,6 +25,7 @@
 //! ([`Forwarder`]) and borrows the workers to choose from ([`WorkerPool`]).
 
 mod body;
+pub mod disagg;
 mod locate;
 mod migrate;
 mod retry;
@@ -47,9 +48,10 @@ use crate::request::RequestInfo;
 use crate::retry_rule::{self, Progress, Verdict};
 use crate::telemetry::{self, RequestRecord};
 use crate::upstream;
-use crate::workers::{ModelNotFound, Registry, SlotBooking, Worker};
+use crate::workers::{ModelNotFound, PoolSide, Registry, SlotBooking, Worker};
 
 pub use body::TrackedBody;
+pub use disagg::Disagg;
 pub use locate::{Learn, Located, Placement};
 pub use migrate::{
     Migratable, MigratingBody, MigrationConfig, SharedPool, StreamKind, is_event_stream,
@@ -109,6 +111,9 @@ pub struct WorkerPool<'a> {
     pub policy: &'a dyn Policy,
     /// The load the policy reads.
     pub fleet: &'a dyn FleetView,
+    /// In a disaggregated fleet, the pool the request may use (`None`:
+    /// every worker).
+    pub side: Option<PoolSide<'a>>,
 }
 
 /// One inference request ready to forward: its body read and inspected.
@@ -160,6 +165,17 @@ impl Failure {
             Failure::Transport(_, progress) => retry_rule::verdict(method, *progress),
             Failure::AttemptTimeout(_) => retry_rule::verdict(method, Progress::NoHeadersInTime),
             Failure::Timeout => Verdict::Final,
+        }
+    }
+
+    /// What happened, for an error message.
+    fn describe(&self) -> String {
+        match self {
+            Failure::Transport(reason, _) => reason.clone(),
+            Failure::AttemptTimeout(worker) => {
+                format!("{worker} sent no response headers within --attempt-timeout-secs")
+            }
+            Failure::Timeout => "the request deadline (--request-timeout-secs) passed".into(),
         }
     }
 
@@ -313,24 +329,33 @@ enum Unroutable {
 }
 
 impl WorkerPool<'_> {
-    /// The available workers serving `model`, only those not in `tried`
-    /// while any is left.
+    /// Whether `worker` is in the request's pool and available.
+    fn usable(&self, worker: &Worker) -> bool {
+        worker.is_available() && self.side.is_none_or(|side| side.admits(worker))
+    }
+
+    /// The available workers serving `model` (in the request's pool), only
+    /// those not in `tried` while any is left.
     fn candidates(
         &self,
         model: Option<&str>,
         tried: &[Arc<Worker>],
     ) -> Result<Candidates, Unroutable> {
         let all = self.registry.serving(model).map_err(Unroutable::Model)?;
-        if tried.is_empty() && !all.is_empty() && all.iter().all(|w| w.is_available()) {
+        if self.side.is_none()
+            && tried.is_empty()
+            && !all.is_empty()
+            && all.iter().all(|w| w.is_available())
+        {
             return Ok(Candidates::All(all));
         }
-        let is_available_untried =
-            |w: &&Arc<Worker>| w.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, w));
-        // Prefer workers not tried yet; fall back to all available ones.
+        let is_usable_untried =
+            |w: &&Arc<Worker>| self.usable(w) && !tried.iter().any(|t| Arc::ptr_eq(t, w));
+        // Prefer workers not tried yet; fall back to all usable ones.
         let mut candidates: Vec<Arc<Worker>> =
-            all.iter().filter(is_available_untried).cloned().collect();
+            all.iter().filter(is_usable_untried).cloned().collect();
         if candidates.is_empty() {
-            candidates = all.iter().filter(|w| w.is_available()).cloned().collect();
+            candidates = all.iter().filter(|w| self.usable(w)).cloned().collect();
         }
         if candidates.is_empty() {
             return Err(Unroutable::Unavailable(NoCandidates(all)));
@@ -348,7 +373,7 @@ impl WorkerPool<'_> {
         let all = self.registry.serving(model).map_err(Unroutable::Model)?;
         let untried: Vec<Arc<Worker>> = all
             .iter()
-            .filter(|w| w.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, w)))
+            .filter(|w| self.usable(w) && !tried.iter().any(|t| Arc::ptr_eq(t, w)))
             .cloned()
             .collect();
         match untried.is_empty() || tried.len() >= objects::MAX_LOCATE {
@@ -403,15 +428,34 @@ impl Forwarder {
         request: Outgoing<'_>,
         record: RequestRecord,
     ) -> Response {
-        let deadline = tokio::time::Instant::from_std(record.started()) + self.request_timeout;
-        let route = record.route();
-        match self.attempts(workers, &request, route, deadline).await {
+        let deadline = self.deadline_of(&record);
+        let routed = self
+            .attempts(workers, &request, record.route(), deadline)
+            .await;
+        self.respond(routed, request, record, deadline)
+    }
+
+    /// The end of the request's time budget.
+    fn deadline_of(&self, record: &RequestRecord) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(record.started()) + self.request_timeout
+    }
+
+    /// Sends the client `routed`: the answer as a stream (migratable when
+    /// the request is and migration is on), or the error.
+    fn respond(
+        &self,
+        routed: Result<Answer, ApiError>,
+        request: Outgoing<'_>,
+        record: RequestRecord,
+        deadline: tokio::time::Instant,
+    ) -> Response {
+        match routed {
             Ok(answer) => {
                 let resume = request
                     .migratable
                     .clone()
                     .filter(|_| self.migration.limit > 0 && request.learn.is_none())
-                    .map(|m| migrate::Resume::of(self, &request, m, route));
+                    .map(|m| migrate::Resume::of(self, &request, m, record.route()));
                 answer.deliver(record, deadline, self, request.learn, resume)
             }
             Err(error) => record.respond(error.into_response()),

@@ -8,6 +8,7 @@ mod breaker;
 pub mod health;
 mod ledger;
 pub mod models;
+mod roles;
 mod snapshot_cell;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::config::BreakerConfig;
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use ledger::Ledger;
 pub use models::{ModelIndex, ModelList, ModelNotFound, Served, parse_model_list};
+pub use roles::{OwnedPoolSide, PoolSide, Roles};
 pub use shoal_mesh::SlotBooking;
 pub use snapshot_cell::{CellStamp, SnapshotCell};
 

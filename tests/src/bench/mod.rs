@@ -12,6 +12,7 @@
 //! `1 / time_scale` of the wall time. Latencies are reported in wall ms.
 
 pub mod cpu;
+pub mod disagg;
 pub mod driver;
 pub mod fairness;
 pub mod kv;
@@ -82,6 +83,9 @@ pub struct BenchSetup {
     /// Set when a policy of the run routes on KV events: every scenario's
     /// engines then tokenize and publish events (see [`kv`]).
     pub kv_events: Option<kv::KvEventsSetup>,
+    /// Set for a disaggregated fleet (`--disagg`): the engines split into a
+    /// prefill and a decode pool (see [`disagg`]).
+    pub disagg: Option<disagg::DisaggSetup>,
 }
 
 impl BenchSetup {
@@ -136,11 +140,18 @@ pub async fn run_scenario(
     progress: &ProgressBar,
 ) -> Result<ScenarioResult, String> {
     let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let engines = spawn_engines(&setup.engine_for(spec), localhost, 0, setup.engines)
-        .await
-        .map_err(|e| format!("cannot start mock engines: {e}"))?;
-    let urls: Vec<String> = engines.iter().map(EngineHandle::url).collect();
     let mut args = setup.replica_args(spec);
+    let engines = match &setup.disagg {
+        Some(pd) => {
+            let pools = pd.spawn(&setup.engine_for(spec), setup.engines).await?;
+            args.extend(pools.args);
+            pools.engines
+        }
+        None => spawn_engines(&setup.engine_for(spec), localhost, 0, setup.engines)
+            .await
+            .map_err(|e| format!("cannot start mock engines: {e}"))?,
+    };
+    let urls: Vec<String> = engines.iter().map(EngineHandle::url).collect();
     if let Some(kv) = setup
         .kv_events
         .as_ref()
@@ -148,7 +159,12 @@ pub async fn run_scenario(
     {
         args.extend(kv.replica_args(&engines));
     }
-    let cfg = FleetConfig::new(setup.shoal_bin.clone(), spec.replicas, urls.clone())
+    // A disaggregated fleet's workers come as its two pools.
+    let seeds = match setup.disagg {
+        Some(_) => Vec::new(),
+        None => urls.clone(),
+    };
+    let cfg = FleetConfig::new(setup.shoal_bin.clone(), spec.replicas, seeds)
         .mesh(spec.mesh)
         .args(args);
     let fleet = Fleet::start(cfg).await.map_err(|e| e.0)?;

@@ -25,6 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shoal_tests::bench::cpu::clock_ticks_per_sec;
+use shoal_tests::bench::disagg::DisaggSetup;
 use shoal_tests::bench::driver::LoadOptions;
 use shoal_tests::bench::kv::{EVENT_POLICY, KvEventsSetup, fixture_tokenizer};
 use shoal_tests::bench::plan::{Choice, parse_choices, parse_trace_policies, scenarios, seeds};
@@ -147,6 +148,14 @@ struct Cli {
     /// on KV events (precise_prefix) [default: the test fixture].
     #[arg(long, value_name = "FILE")]
     kv_tokenizer: Option<PathBuf>,
+    /// Disaggregates the fleet: the first --prefill-engines engines
+    /// prefill, the rest decode, handing the KV over by this protocol
+    /// (sglang or vllm); load is calibrated on the smaller pool.
+    #[arg(long, value_name = "PROTOCOL")]
+    disagg: Option<String>,
+    /// Engines in the prefill pool with --disagg.
+    #[arg(long, default_value_t = 2, requires = "disagg")]
+    prefill_engines: usize,
     /// The shoal binary [default: `shoal` next to this program].
     #[arg(long, value_name = "PATH")]
     shoal_bin: Option<PathBuf>,
@@ -263,7 +272,10 @@ fn workload_plan(
         let kind = choice.workload();
         let (p, u, o) = mean_sizes(kind);
         let per_engine = engine_capacity(engine, p, u, o, 0.9);
-        let capacity = per_engine * engines as f64 * time_scale;
+        let capacity = match &setup.disagg {
+            Some(pd) => pd.capacity(engine, engines, (p, u, o)) * time_scale,
+            None => per_engine * engines as f64 * time_scale,
+        };
         let rate = cli.load * capacity;
         let name = choice.name();
         eprintln!(
@@ -452,7 +464,14 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             kv_high: 0.95,
         },
         kv_events,
+        disagg: cli.disagg.clone().map(|protocol| DisaggSetup {
+            protocol,
+            prefill_engines: cli.prefill_engines,
+        }),
     };
+    if let Some(pd) = &setup.disagg {
+        pd.validate(engines)?;
+    }
     let (plan, calibration, replays) = match &trace {
         Some(opts) => trace_plan(&cli, &setup, opts, &trace_policies, replicas, &seeds)?,
         None => {
@@ -521,6 +540,15 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 t.length_scale
             )
         }
+    };
+    let offered = match &setup.disagg {
+        Some(pd) => format!(
+            "{offered}, disaggregated ({}: {} prefill + {} decode engines)",
+            pd.protocol,
+            pd.prefill_engines,
+            engines - pd.prefill_engines
+        ),
+        None => offered,
     };
     let title = format!(
         "Shoal fleet-bench: R={replicas}, E={engines}, time scale {time_scale}, {offered}, {seed_text} ({} cores, shared)",

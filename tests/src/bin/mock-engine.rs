@@ -13,8 +13,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use shoal_tests::mock::{
-    DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, EngineConfig, Flavor, KvEventsFormat,
-    spawn_engines,
+    DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, DEFAULT_PD_HANDOFF_TIMEOUT_MS,
+    EngineConfig, Flavor, KvEventsFormat, PdRole, spawn_engines,
 };
 
 /// Mock continuous-batching LLM engine(s) speaking SGLang, vLLM or llama.cpp.
@@ -110,6 +110,13 @@ struct Cli {
     /// completions prompt) already holds.
     #[arg(long)]
     numbered_output: bool,
+    /// Part in a disaggregated fleet: none, prefill (hands its KV over,
+    /// SGLang bootstrap or vLLM kv_transfer_params) or decode (takes it).
+    #[arg(long, default_value = "none")]
+    pd_role: PdRole,
+    /// How long a decode engine waits for its KV handoff, in ms.
+    #[arg(long, default_value_t = DEFAULT_PD_HANDOFF_TIMEOUT_MS)]
+    pd_handoff_timeout_ms: u64,
 }
 
 impl Cli {
@@ -139,6 +146,8 @@ impl Cli {
             kv_events_topic: self.kv_events_topic.clone(),
             chat_template: self.chat_template.clone(),
             numbered_output: self.numbered_output,
+            pd_role: self.pd_role,
+            pd_handoff_timeout_ms: self.pd_handoff_timeout_ms,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Engine configuration: the knobs of the engine model and their validation.
 
+use super::disagg::PdRole;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -117,7 +118,16 @@ pub struct EngineConfig {
     /// such words) goes on from the words it holds: a migrated stream's
     /// text then shows any token lost or repeated.
     pub numbered_output: bool,
+    /// The engine's part in a disaggregated fleet (`--pd-role`; see
+    /// `disagg`).
+    pub pd_role: PdRole,
+    /// How long a decode engine waits for its prefill's KV handoff
+    /// (`--pd-handoff-timeout-ms`) before failing the request.
+    pub pd_handoff_timeout_ms: u64,
 }
+
+/// How long a decode engine waits for its KV handoff unless told otherwise.
+pub const DEFAULT_PD_HANDOFF_TIMEOUT_MS: u64 = 10_000;
 
 /// Tokens per KV block unless told otherwise: vLLM's default `--block-size`.
 pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
@@ -157,6 +167,8 @@ impl Default for EngineConfig {
             kv_events_topic: String::new(),
             chat_template: None,
             numbered_output: false,
+            pd_role: PdRole::None,
+            pd_handoff_timeout_ms: DEFAULT_PD_HANDOFF_TIMEOUT_MS,
         }
     }
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::config::EngineConfig;
+use super::disagg::PdState;
 use super::kv_events::{KvEventsInfo, KvLink, KvStatsView};
 use super::model::{Event, Model, Submission};
 use super::requests::ParsedRequest;
@@ -66,6 +67,8 @@ pub struct Engine {
     dead: watch::Sender<bool>,
     blocker: Blocker,
     kv: Option<KvLink>,
+    /// Prefill/decode handoffs (`disagg`).
+    pub(crate) pd: PdState,
 }
 
 impl Engine {
@@ -87,6 +90,7 @@ impl Engine {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
             dead,
+            pd: PdState::default(),
         })
     }
 
@@ -218,6 +222,7 @@ impl Engine {
         prompt_tokens: u64,
         max_tokens: u64,
         blocks: PromptBlocks,
+        remote_prefill: bool,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.model().submit(Submission {
@@ -226,6 +231,7 @@ impl Engine {
             prompt_tokens,
             max_tokens,
             blocks,
+            remote_prefill,
             arrival: Instant::now(),
             events: tx,
         });

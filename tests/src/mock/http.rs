@@ -49,8 +49,46 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/stats", get(stats))
         .route("/mock/fault", post(set_fault).get(get_fault))
+        .route("/server_info", get(server_info))
+        .route("/mock/pd", get(pd_counters))
+        .route("/mock/pd/handoff", get(pd_handoff))
         .merge(data)
         .with_state(engine)
+}
+
+/// SGLang's server info: the disaggregation mode and bootstrap port.
+async fn server_info(State(engine): State<Arc<Engine>>) -> Response {
+    json_ok(engine.pd.server_info(engine.config().pd_role).to_string())
+}
+
+/// The engine's handoff counters.
+async fn pd_counters(State(engine): State<Arc<Engine>>) -> Response {
+    let counters = engine.pd.counters(engine.config().pd_role);
+    json_ok(serde_json::to_string(&counters).unwrap_or_default())
+}
+
+/// Query of the KV handoff endpoint.
+#[derive(Deserialize)]
+struct HandoffQuery {
+    key: String,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// Hands a prefill's KV to the decode engine asking for it, waiting up to
+/// `wait_ms` (at most a minute) for the prefill to finish: 404 if it does
+/// not.
+async fn pd_handoff(State(engine): State<Arc<Engine>>, Query(q): Query<HandoffQuery>) -> Response {
+    let wait = Duration::from_millis(q.wait_ms.min(60_000));
+    match engine.pd.take(&q.key, wait).await {
+        Some(tokens) => json_ok(json!({ "prompt_tokens": tokens }).to_string()),
+        None => error_response(
+            StatusCode::NOT_FOUND,
+            &format!("no KV handoff under {}", q.key),
+            "not_found_error",
+            "handoff_not_found",
+        ),
+    }
 }
 
 async fn fault_layer(State(engine): State<Arc<Engine>>, req: Request, next: Next) -> Response {

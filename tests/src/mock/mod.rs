@@ -36,10 +36,14 @@
 //! KV-event endpoints and counters, and recent per-request timing),
 //! `POST /reset_prefix_cache` (vLLM's), with a tokenizer vLLM's
 //! `POST /tokenize` (vLLM flavor), and
-//! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`.
+//! `POST /mock/fault {"mode":"none|hang|die|garbage_metrics|fail"}`; and,
+//! for disaggregated fleets (`--pd-role`, `disagg`), SGLang's
+//! `GET /server_info`, `GET /mock/pd` (handoff counters) and the KV
+//! handoff a decode engine fetches, `GET /mock/pd/handoff`.
 
 mod chat_template;
 mod config;
+mod disagg;
 mod engine;
 mod formats;
 mod http;
@@ -57,8 +61,9 @@ mod tokens;
 pub use chat_template::ChatTemplate;
 pub use config::{
     ConfigError, DEFAULT_KV_BLOCK_SIZE, DEFAULT_KV_EVENTS_BUFFER_STEPS, DEFAULT_MODEL,
-    EngineConfig, Flavor,
+    DEFAULT_PD_HANDOFF_TIMEOUT_MS, EngineConfig, Flavor,
 };
+pub use disagg::{PdCounters, PdRole, PdState};
 pub use engine::{Engine, FaultMode};
 pub use formats::{c_g6, iso_timestamp, prom_float};
 pub use kv_events::{KvEventsInfo, KvStats, KvStatsView, REPLAY_END_SEQ, parse_replay_request};

@@ -48,6 +48,9 @@ pub(crate) struct Submission {
     pub prompt_tokens: u64,
     pub max_tokens: u64,
     pub blocks: PromptBlocks,
+    /// Its KV came from a prefill engine: only one prompt token is left
+    /// to compute.
+    pub remote_prefill: bool,
     pub arrival: Instant,
     pub events: UnboundedSender<Event>,
 }
@@ -131,6 +134,9 @@ impl Model {
     /// Cached prompt tokens of `sub` for a prefix of `blocks` matched
     /// blocks; at least one prompt token is always prefilled.
     fn cached_tokens(&self, blocks: usize, sub: &Submission) -> u64 {
+        if sub.remote_prefill {
+            return sub.prompt_tokens.saturating_sub(1);
+        }
         self.blocker
             .cached_tokens(blocks, &sub.blocks, sub.prompt_tokens)
     }

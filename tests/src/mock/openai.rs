@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::disagg::PdPlan;
 use super::engine::Engine;
 use super::model::Event;
 use super::requests::{
@@ -152,7 +153,30 @@ async fn infer(engine: Arc<Engine>, kind: ApiKind, headers: HeaderMap, body: Byt
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let rx = engine.submit(id, client_id, req.prompt_tokens, req.max_tokens, blocks);
+    let wait = std::time::Duration::from_millis(cfg.pd_handoff_timeout_ms);
+    let plan = match engine
+        .pd
+        .plan(cfg.pd_role, &body, req.max_tokens, req.stream, wait)
+        .await
+    {
+        Ok(plan) => plan,
+        Err((status, msg)) => {
+            engine.count_rejected();
+            return error_response(status, &msg, "invalid_request_error", "disaggregation");
+        }
+    };
+    let remote = plan == PdPlan::RemoteDecode;
+    // A prefill engine computes the prompt and one token; the decode
+    // engine generates the answer.
+    let max_tokens = match plan {
+        PdPlan::Prefill { .. } => 1,
+        _ => req.max_tokens,
+    };
+    let rx = engine.submit(id, client_id, req.prompt_tokens, max_tokens, blocks, remote);
+    if let PdPlan::Prefill { key, vllm } = plan {
+        let frames = Frames::new(&req, id, &cfg.model_name);
+        return prefill_response(engine.clone(), rx, frames, id, key, vllm, req.stream).await;
+    }
     let mut frames = Frames::new(&req, id, &cfg.model_name);
     if cfg.numbered_output {
         frames.numbered_from = Some(continued_words(&req));
@@ -175,6 +199,50 @@ fn continued_words(req: &ParsedRequest) -> u64 {
         ApiKind::Completion => numbered_words(&req.prompt_text),
         _ => 0,
     }
+}
+
+/// A prefill engine's answer: the KV is handed over under `key` (vLLM:
+/// under the request's own key, named in `kv_transfer_params`) once the
+/// prefill is done, then the answer is sent as usual.
+async fn prefill_response(
+    engine: Arc<Engine>,
+    mut rx: UnboundedReceiver<Event>,
+    frames: Frames,
+    id: u64,
+    key: String,
+    vllm: bool,
+    stream: bool,
+) -> Response {
+    let (tx, relay) = tokio::sync::mpsc::unbounded_channel();
+    let key = if vllm { engine.pd.vllm_key(id) } else { key };
+    let prompt_tokens = frames.prompt_tokens;
+    let handoff = engine.clone();
+    tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            if matches!(event, Event::Done(_)) {
+                handoff.pd.store(key.clone(), prompt_tokens);
+            }
+            if tx.send(event).is_err() {
+                break;
+            }
+        }
+    });
+    if stream {
+        return stream_response(relay, frames, id);
+    }
+    let response = full_response(relay, frames, id).await;
+    if !vllm || response.status() != StatusCode::OK {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return unavailable(&engine, "prefill answer lost");
+    };
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return unavailable(&engine, "prefill answer is not JSON");
+    };
+    v["kv_transfer_params"] = engine.pd.vllm_params(id, prompt_tokens);
+    Response::from_parts(parts, Body::from(v.to_string()))
 }
 
 fn header_num(v: impl ToString) -> HeaderValue {
@@ -286,6 +354,8 @@ struct Frames {
     prompt: String,
     /// `--numbered-output`: the number of the reply's first token.
     numbered_from: Option<u64>,
+    /// The prompt's tokens (what a prefill hands over).
+    prompt_tokens: u64,
 }
 
 impl Frames {
@@ -310,6 +380,7 @@ impl Frames {
             text: String::new(),
             prompt: req.prompt_text.clone(),
             numbered_from: None,
+            prompt_tokens: req.prompt_tokens,
         }
     }
 

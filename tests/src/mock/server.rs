@@ -130,6 +130,7 @@ async fn start(
     let kv = bind_sockets(&config, addr.ip(), config.kv_block_size).await?;
     let (link, sockets) = kv.unzip();
     let engine = Engine::new(config, blocker, link);
+    engine.pd.set_addr(addr);
     if let Some(sockets) = sockets {
         sockets.spawn(engine.dead_watch());
     }

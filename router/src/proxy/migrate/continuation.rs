@@ -157,6 +157,16 @@ pub fn continuation(
         return Err(refusal);
     }
     let remaining = reduce_limits(&mut request, point.tokens);
+    // The first leg's KV handoff was consumed (a disaggregated fleet's):
+    // the continuing worker computes the prompt itself.
+    for key in [
+        "kv_transfer_params",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+    ] {
+        request.remove(key);
+    }
     if !point.text.is_empty() {
         match kind {
             StreamKind::Completion => extend_prompt(&mut request, &point.text)?,

@@ -35,7 +35,7 @@ use crate::fleet::FleetView;
 use crate::policy::Policy;
 use crate::request::{RequestInfo, tokens_for_chars};
 use crate::telemetry::{self, RequestRecord};
-use crate::workers::{Registry, SlotBooking, Worker};
+use crate::workers::{OwnedPoolSide, Registry, SlotBooking, Worker};
 
 pub use transcript::StreamKind;
 
@@ -59,6 +59,8 @@ pub struct SharedPool {
     pub policy: Arc<dyn Policy>,
     /// The load the policy reads.
     pub fleet: Arc<dyn FleetView>,
+    /// In a disaggregated fleet, the pool continuations go to.
+    pub side: Option<OwnedPoolSide>,
 }
 
 impl std::fmt::Debug for SharedPool {
@@ -75,6 +77,7 @@ impl SharedPool {
             registry: &self.registry,
             policy: self.policy.as_ref(),
             fleet: self.fleet.as_ref(),
+            side: self.side.as_ref().map(OwnedPoolSide::borrow),
         }
     }
 }

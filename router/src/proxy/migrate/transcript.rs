@@ -53,13 +53,25 @@ pub fn events(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// The data of an event's first `data:` line (one leading space dropped),
 /// or `None` for an event with no data (a comment, a keep-alive).
 pub fn data_of(event: &[u8]) -> Option<&[u8]> {
-    event
-        .split(|b| *b == b'\n')
-        .find_map(|line| line.strip_prefix(b"data:"))
-        .map(|data| {
-            let data = data.strip_suffix(b"\r").unwrap_or(data);
-            data.strip_prefix(b" ").unwrap_or(data)
-        })
+    let line_from = |at: usize| {
+        let rest = event.get(at..)?;
+        let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+        let data = rest.get(..end)?;
+        let data = data.strip_suffix(b"\r").unwrap_or(data);
+        Some(data.strip_prefix(b" ").unwrap_or(data))
+    };
+    // Engines send one `data:` line per event, first: no line scan.
+    if event.starts_with(b"data:") {
+        return line_from(5);
+    }
+    memmem::find(event, b"\ndata:").and_then(|i| line_from(i + 6))
+}
+
+/// The data of `frame` when it is exactly one `data: ` event (how engines
+/// send their chunks), found with one scan.
+fn single_event_data(frame: &[u8]) -> Option<&[u8]> {
+    let data = frame.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
+    memchr::memchr(b'\n', data).is_none().then_some(data)
 }
 
 /// Cuts a byte stream into whole events.
@@ -121,11 +133,21 @@ pub struct Transcript {
     finished: bool,
     /// `data: [DONE]` was seen.
     done: bool,
+    /// The last text chunk set a finish reason (looked for after its text,
+    /// where vLLM and SGLang put it; chunks without text are read whole).
+    finished_with_text: bool,
+    /// The stream carries a running usage count on its chunks
+    /// (`continuous_usage_stats`): read it on every chunk.
+    counts_usage: bool,
     /// What forbids a continuation, once seen.
     refusal: Option<Refusal>,
     /// Largest escaped text kept; past it the stream is not migratable.
     max_text_bytes: usize,
 }
+
+/// Text bytes reserved at a stream's first text: most replies fit, so the
+/// text grows without reallocating at every doubling.
+const TEXT_FIRST_CAPACITY: usize = 1024;
 
 /// Byte patterns the transcript looks for.
 struct Needles {
@@ -202,6 +224,8 @@ impl Transcript {
             reported_tokens: None,
             finished: false,
             done: false,
+            finished_with_text: false,
+            counts_usage: false,
             refusal: None,
             max_text_bytes,
         }
@@ -209,44 +233,80 @@ impl Transcript {
 
     /// Notes every whole event in `events` (what [`Framer::push`] gave).
     pub fn note(&mut self, events_bytes: &Bytes) {
+        // The common frame: one whole `data:` event, read without a loop.
+        if let Some(data) = single_event_data(events_bytes) {
+            self.note_data(events_bytes, data);
+            return;
+        }
         for event in events(events_bytes) {
-            let Some(data) = data_of(event) else { continue };
-            if data == b"[DONE]" {
-                self.done = true;
-                continue;
+            if let Some(data) = data_of(event) {
+                self.note_data(events_bytes, data);
             }
-            if self.first.is_none() && data.first() == Some(&b'{') {
-                self.first = Some(events_bytes.slice_ref(data));
-            }
-            self.note_chunk(data);
         }
     }
 
-    fn note_chunk(&mut self, data: &[u8]) {
-        let n = needles();
-        let text_at = match self.kind {
-            StreamKind::Chat => n
-                .chat_text
-                .find(data)
-                .map(|i| i + n.chat_text.needle().len()),
-            StreamKind::Completion => n
-                .completion_text
-                .find(data)
-                .map(|i| i + n.completion_text.needle().len()),
-        };
-        if let Some(piece) = text_at.and_then(|at| escaped_string(data, at))
-            && !piece.is_empty()
-        {
-            self.text_events += 1;
-            if self.text.len() + piece.len() > self.max_text_bytes {
-                self.refusal
-                    .get_or_insert("the stream is longer than --migration-max-text-bytes");
-            } else if self.refusal.is_none() {
-                self.text.extend_from_slice(piece);
-            }
+    /// Notes one event's data (a slice of `events_bytes`).
+    fn note_data(&mut self, events_bytes: &Bytes, data: &[u8]) {
+        if data == b"[DONE]" {
+            self.done = true;
+            return;
         }
+        if data.first() != Some(&b'{') {
+            return;
+        }
+        if self.first.is_none() {
+            self.first = Some(events_bytes.slice_ref(data));
+        }
+        self.note_chunk(data);
+    }
+
+    /// Notes one chunk; whether it carried text. The common chunk, one
+    /// carrying text, costs a search for its text and one of the few bytes
+    /// after it (a finish reason); the rest (usage, tool calls, reasoning)
+    /// is looked for in chunks without text.
+    fn note_chunk(&mut self, data: &[u8]) -> bool {
+        let n = needles();
+        let key = match self.kind {
+            StreamKind::Chat => &n.chat_text,
+            StreamKind::Completion => &n.completion_text,
+        };
+        let at = key.find(data).map(|i| i + key.needle().len());
+        let piece = at
+            .and_then(|at| escaped_string(data, at))
+            .filter(|piece| !piece.is_empty());
+        let Some(piece) = piece else {
+            self.note_rare(data);
+            return false;
+        };
+        self.text_events += 1;
+        if self.text.is_empty() {
+            self.text.reserve(TEXT_FIRST_CAPACITY);
+        }
+        if self.text.len() + piece.len() > self.max_text_bytes {
+            self.refusal
+                .get_or_insert("the stream is longer than --migration-max-text-bytes");
+        } else if self.refusal.is_none() {
+            self.text.extend_from_slice(piece);
+        }
+        // What follows the text (its closing quote on): the finish reason.
+        let tail = at.map_or(data, |at| data.get(at + piece.len()..).unwrap_or_default());
+        self.finished_with_text = n.finish.find(tail).is_some();
+        // The first text chunk tells whether chunks carry a running count.
+        if (self.counts_usage || self.text_events == 1) && self.note_usage(data) {
+            self.counts_usage = true;
+        }
+        true
+    }
+
+    /// What a chunk without text may say.
+    fn note_rare(&mut self, data: &[u8]) {
+        let n = needles();
         if n.finish.find(data).is_some() {
             self.finished = true;
+        }
+        if self.note_usage(data) && !self.finished {
+            // A running count before the end: every chunk carries one.
+            self.counts_usage = true;
         }
         if self.kind == StreamKind::Chat {
             if n.tool_calls.find(data).is_some() {
@@ -264,11 +324,24 @@ impl Transcript {
                 );
             }
         }
-        if let Some(i) = n.completion_tokens.find(data)
-            && let Some(count) = number_at(data, i + n.completion_tokens.needle().len())
-        {
+    }
+
+    /// Reads a chunk's `completion_tokens`; whether it had one.
+    fn note_usage(&mut self, data: &[u8]) -> bool {
+        let n = needles();
+        let count = n
+            .completion_tokens
+            .find(data)
+            .and_then(|i| number_at(data, i + n.completion_tokens.needle().len()));
+        if let Some(count) = count {
             self.reported_tokens = Some(count);
         }
+        count.is_some()
+    }
+
+    /// Whether a finish reason was sent (with the last text, or after it).
+    fn finished_at_last(&self) -> bool {
+        self.finished || self.finished_with_text
     }
 
     /// Where a continuation starts, or why there can be none.
@@ -293,7 +366,7 @@ impl Transcript {
             text,
             tokens: self.reported_tokens.unwrap_or(self.text_events),
             first,
-            finished: self.finished,
+            finished: self.finished_at_last(),
             done: self.done,
         })
     }
@@ -346,6 +419,19 @@ mod tests {
         assert_eq!(point.tokens, 3);
         assert_eq!(point.first.unwrap()["id"], "chatcmpl-1");
         assert!(!point.finished && !point.done);
+    }
+
+    #[test]
+    fn a_finish_reason_that_came_with_the_last_text_is_found() {
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from(chat_chunk("a")));
+        t.note(&Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}\n\n",
+        ));
+        let point = t.resume_point().unwrap();
+        assert_eq!((point.text.as_str(), point.finished), ("ab", true));
+        assert_eq!(data_of(b"event: x\ndata: 5\n\n"), Some(&b"5"[..]));
+        assert_eq!(data_of(b": ping\n\n"), None);
     }
 
     #[test]
