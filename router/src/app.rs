@@ -93,7 +93,8 @@ impl Server {
         if let (Some(mesh), Some(sightings)) = (&mesh, policy.sightings()) {
             mesh_setup::share_sightings(mesh, &sightings);
         }
-        let disagg = proxy::Disagg::new(&config.disagg, &config.routing, &policy);
+        let discovers_roles = config.discovery.discovery_role_label.is_some();
+        let disagg = proxy::Disagg::new(&config.disagg, discovers_roles, &config.routing, &policy);
         for pool_policy in disagg.iter().flat_map(|d| d.policies()) {
             if let Some(error) = pool_policy.kv_events().and_then(|kv| kv.load_error()) {
                 return Err(StartError::Policy(error));

@@ -90,22 +90,28 @@ impl Default for DisaggConfig {
 }
 
 impl DisaggConfig {
-    /// The protocol when the fleet is disaggregated (prefill workers and a
-    /// protocol given).
-    pub fn protocol(&self) -> Option<PdProtocol> {
-        self.pd_protocol.filter(|_| !self.prefill_urls.is_empty())
+    /// The protocol when the fleet is disaggregated: a protocol, and
+    /// prefill workers given or found by discovery (`discovers_roles`:
+    /// `--discovery-role-label`).
+    pub fn protocol(&self, discovers_roles: bool) -> Option<PdProtocol> {
+        self.pd_protocol
+            .filter(|_| discovers_roles || !self.prefill_urls.is_empty())
     }
 
-    /// Checks that the flags fit together; the message names them.
-    pub fn validate(&self) -> Result<(), String> {
-        match (self.prefill_urls.is_empty(), self.pd_protocol) {
-            (false, None) => {
+    /// Checks that the flags fit together (`discovers_roles`: discovery
+    /// reads each engine's pool from a label); the message names them.
+    pub fn validate(&self, discovers_roles: bool) -> Result<(), String> {
+        let has_pools = discovers_roles || !self.prefill_urls.is_empty();
+        match (has_pools, self.pd_protocol) {
+            (true, None) => {
                 return Err(
-                    "--prefill-urls needs --pd-protocol (sglang or vllm): how the KV reaches the decode worker".into(),
+                    "--prefill-urls and --discovery-role-label need --pd-protocol (sglang or vllm): how the KV reaches the decode worker".into(),
                 );
             }
-            (true, Some(_)) => {
-                return Err("--pd-protocol needs --prefill-urls (the prefill workers)".into());
+            (false, Some(_)) => {
+                return Err(
+                    "--pd-protocol needs the prefill workers: --prefill-urls or --discovery-role-label".into(),
+                );
             }
             _ => {}
         }

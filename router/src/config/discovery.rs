@@ -71,6 +71,13 @@ pub struct DiscoveryConfig {
     #[arg(long, env = "SHOAL_DISCOVERY_MODEL_LABEL")]
     pub discovery_model_label: Option<String>,
 
+    /// Label on the EndpointSlices (copied from their Service) whose value
+    /// `prefill` puts their engines in the prefill pool of a disaggregated
+    /// fleet (any other value, or none: the decode pool). Needs
+    /// --pd-protocol.
+    #[arg(long, env = "SHOAL_DISCOVERY_ROLE_LABEL")]
+    pub discovery_role_label: Option<String>,
+
     /// Scheme of discovered engines [default: https for a port whose
     /// appProtocol or name is `https`, else http].
     #[arg(long, env = "SHOAL_DISCOVERY_SCHEME", value_enum)]
@@ -107,6 +114,10 @@ impl DiscoveryConfig {
                     ("--discovery-namespace", self.discovery_namespace.is_some()),
                     ("--discovery-selector", self.discovery_selector.is_some()),
                     ("--discovery-port", self.discovery_port.is_some()),
+                    (
+                        "--discovery-role-label",
+                        self.discovery_role_label.is_some(),
+                    ),
                     (
                         "--discovery-model-label",
                         self.discovery_model_label.is_some(),

@@ -238,7 +238,10 @@ impl Config {
     /// message names the flags involved.
     fn validate(&self) -> Result<(), ConfigError> {
         self.retry.validate().map_err(ConfigError::Invalid)?;
-        self.disagg.validate().map_err(ConfigError::Invalid)?;
+        let discovers_roles = self.discovery.discovery_role_label.is_some();
+        self.disagg
+            .validate(discovers_roles)
+            .map_err(ConfigError::Invalid)?;
         self.load.validate().map_err(ConfigError::Invalid)?;
         self.mesh.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;

@@ -383,3 +383,48 @@ fn help_strings_that_state_a_default_name_the_constant() {
         "{stale}"
     );
 }
+
+#[test]
+fn disaggregation_flags_that_do_not_fit_are_refused_naming_them() {
+    let pools = [
+        "--prefill-urls",
+        "http://p:1",
+        "--decode-urls",
+        "http://d:1",
+    ];
+    assert!(error_text(&pools).contains("--pd-protocol"));
+    assert!(error_text(&["--pd-protocol", "vllm"]).contains("--prefill-urls"));
+    let overlap = [
+        "--prefill-urls",
+        "http://p:1",
+        "--decode-urls",
+        "http://p:1",
+        "--pd-protocol",
+        "vllm",
+    ];
+    assert!(error_text(&overlap).contains("both"));
+    let short = [
+        &pools[..],
+        &["--pd-protocol", "sglang", "--pd-min-prompt-tokens", "100"],
+    ]
+    .concat();
+    assert!(error_text(&short).contains("--pd-min-prompt-tokens"));
+    let ok = parse(&[&pools[..], &["--pd-protocol", "sglang"]].concat()).unwrap();
+    assert_eq!(ok.disagg.protocol(false), Some(PdProtocol::Sglang));
+    // The pools are seeds: decode first, then prefill.
+    assert_eq!(ok.seed_urls(), ["http://d:1", "http://p:1"]);
+    // Pools found by discovery: the label with a protocol is enough.
+    let discovered = parse(&[
+        "--discovery",
+        "kubernetes",
+        "--discovery-selector",
+        "app=llm",
+        "--discovery-role-label",
+        "shoal.io/pd-role",
+        "--pd-protocol",
+        "vllm",
+    ])
+    .unwrap();
+    assert_eq!(discovered.disagg.protocol(true), Some(PdProtocol::Vllm));
+    assert!(error_text(&["--discovery-role-label", "x"]).contains("--discovery-role-label"));
+}

@@ -140,6 +140,26 @@ pub struct Discovered {
     pub kv_events: BTreeMap<String, KvEventSockets>,
     /// Names of the slices skipped whole, by reason.
     pub skipped: BTreeMap<Skip, Vec<String>>,
+    /// Worker URLs whose slice's role label says `prefill` (the prefill
+    /// pool of a disaggregated fleet).
+    pub prefill: BTreeSet<String>,
+}
+
+/// The slice labels discovery reads.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SliceLabels<'a> {
+    /// The label naming the model (`--discovery-model-label`).
+    pub model: Option<&'a str>,
+    /// The label naming the pool, `prefill` or else decode
+    /// (`--discovery-role-label`).
+    pub role: Option<&'a str>,
+}
+
+impl<'a> From<Option<&'a str>> for SliceLabels<'a> {
+    /// The model label alone.
+    fn from(model: Option<&'a str>) -> Self {
+        Self { model, role: None }
+    }
 }
 
 /// Whether an endpoint takes new requests: ready, serving and not
@@ -156,15 +176,17 @@ fn routable(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
 /// The worker URL of every routable endpoint (see [`routable`]) in
 /// `slices` (deduplicated: an endpoint may appear in two slices while they
 /// are rebalanced), with the model named by its slice's `model_label`, if
-/// any. The scheme is `scheme`, else https for a port whose appProtocol
-/// or name is `https`, else http. Slices that give no worker at all are
-/// listed by reason.
-pub fn ready_endpoints(
+/// any, and in the prefill pool when its role label says so. The scheme is
+/// `scheme`, else https for a port whose appProtocol or name is `https`,
+/// else http. Slices that give no worker at all are listed by reason.
+pub fn ready_endpoints<'a>(
     slices: &[Arc<EndpointSlice>],
     port: &PortChoice,
     scheme: Option<DiscoveryScheme>,
-    model_label: Option<&str>,
+    labels: impl Into<SliceLabels<'a>>,
 ) -> Discovered {
+    let labels = labels.into();
+    let model_label = labels.model;
     let mut out = Discovered::default();
     for slice in slices {
         let name = slice.metadata.name.clone().unwrap_or_default();
@@ -200,6 +222,11 @@ pub fn ready_endpoints(
                 .filter(|m| !m.is_empty())
                 .cloned()
         });
+        let label = |name: Option<&str>| {
+            let name = name?;
+            slice.metadata.labels.as_ref()?.get(name).cloned()
+        };
+        let prefill = label(labels.role).is_some_and(|role| role == "prefill");
         let events_port = named_port(slice, KV_EVENTS_PORT_NAME);
         let replay_port = named_port(slice, KV_EVENTS_REPLAY_PORT_NAME);
         for endpoint in slice.endpoints.iter().filter(|e| routable(e)) {
@@ -219,6 +246,9 @@ pub fn ready_endpoints(
                             events: format!("tcp://{host}:{events}"),
                             replay: replay_port.map(|p| format!("tcp://{host}:{p}")),
                         });
+                }
+                if prefill {
+                    out.prefill.insert(url.clone());
                 }
                 out.endpoints.entry(url).or_insert_with(|| model.clone());
             }
@@ -291,12 +321,11 @@ pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                let found = ready_endpoints(
-                    &store.state(),
-                    &port,
-                    config.discovery_scheme,
-                    config.discovery_model_label.as_deref(),
-                );
+                let labels = SliceLabels {
+                    model: config.discovery_model_label.as_deref(),
+                    role: config.discovery_role_label.as_deref(),
+                };
+                let found = ready_endpoints(&store.state(), &port, config.discovery_scheme, labels);
                 report_skipped(&found.skipped, &mut warned);
                 apply(&sources, found);
             }
@@ -311,7 +340,7 @@ pub async fn run(config: DiscoveryConfig, sources: Arc<WorkerSources>) {
 
 /// Hands the endpoints to the sources, gives each new worker its model
 /// hint (kept only until its own `/v1/models` is read) and each worker its
-/// KV-event sockets.
+/// KV-event sockets and pool.
 fn apply(sources: &WorkerSources, discovered: Discovered) {
     let found = discovered.endpoints;
     let urls: BTreeSet<String> = found.keys().cloned().collect();
@@ -323,6 +352,9 @@ fn apply(sources: &WorkerSources, discovered: Discovered) {
     }
     let registry = sources.registry();
     for worker in registry.all().iter() {
+        if found.contains_key(worker.url()) {
+            worker.set_discovered_prefill(discovered.prefill.contains(worker.url()));
+        }
         if let Some(sockets) = discovered.kv_events.get(worker.url()) {
             worker.set_kv_event_sockets(Some(sockets.clone()));
         }

@@ -67,6 +67,9 @@ pub struct Worker {
     model_cards: ArcSwap<Vec<serde_json::Value>>,
     /// Where the engine publishes KV-cache events, when discovery named it.
     kv_event_sockets: ArcSwapOption<KvEventSockets>,
+    /// Discovery put the engine in the prefill pool of a disaggregated
+    /// fleet (`--discovery-role-label`).
+    discovered_prefill: AtomicBool,
     /// Taken for each side request (health check, model list, load poll):
     /// see [`Worker::side_turn`].
     side_turn: tokio::sync::Mutex<()>,
@@ -109,6 +112,7 @@ impl Worker {
             served: ArcSwap::from_pointee(Served::Unread),
             model_cards: ArcSwap::from_pointee(Vec::new()),
             kv_event_sockets: ArcSwapOption::empty(),
+            discovered_prefill: AtomicBool::new(false),
             side_turn: tokio::sync::Mutex::new(()),
         }
     }
@@ -126,6 +130,17 @@ impl Worker {
     /// Where discovery says the engine publishes KV-cache events.
     pub fn kv_event_sockets(&self) -> Option<Arc<KvEventSockets>> {
         self.kv_event_sockets.load_full()
+    }
+
+    /// Whether discovery put the engine in the prefill pool.
+    pub fn discovered_prefill(&self) -> bool {
+        self.discovered_prefill.load(Ordering::Relaxed)
+    }
+
+    /// Records the pool discovery puts the engine in (its slice's role
+    /// label says `prefill`, or not).
+    pub fn set_discovered_prefill(&self, prefill: bool) {
+        self.discovered_prefill.store(prefill, Ordering::Relaxed);
     }
 
     /// Records where discovery says the engine publishes KV-cache events.

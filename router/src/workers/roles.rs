@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use super::Worker;
 
-/// The prefill workers of a disaggregated fleet; every other worker
-/// decodes.
+/// The prefill workers of a disaggregated fleet: those `--prefill-urls`
+/// names and those discovery puts there (`--discovery-role-label`); every
+/// other worker decodes.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Roles {
     prefill: HashSet<String>,
@@ -28,7 +29,7 @@ impl Roles {
 
     /// Whether `worker` prefills.
     pub fn is_prefill(&self, worker: &Worker) -> bool {
-        self.prefill.contains(worker.url())
+        worker.discovered_prefill() || self.prefill.contains(worker.url())
     }
 }
 
@@ -70,5 +71,27 @@ impl OwnedPoolSide {
             roles: &self.roles,
             prefill: self.prefill,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BreakerConfig;
+
+    #[test]
+    fn a_worker_prefills_when_named_or_discovered_so() {
+        let roles = Roles::new(&["http://p:1".to_string()]);
+        let named = Worker::new("http://p:1".into(), BreakerConfig::default());
+        let other = Worker::new("http://d:1".into(), BreakerConfig::default());
+        assert!(roles.is_prefill(&named));
+        assert!(!roles.is_prefill(&other));
+        other.set_discovered_prefill(true);
+        assert!(roles.is_prefill(&other));
+        let decode = PoolSide {
+            roles: &roles,
+            prefill: false,
+        };
+        assert!(!decode.admits(&other) && decode.name() == "decode");
     }
 }

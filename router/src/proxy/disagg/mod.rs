@@ -87,14 +87,17 @@ struct LegFailure {
 }
 
 impl Disagg {
-    /// The dispatch `config` describes (`None`: not disaggregated); a pool
-    /// whose policy is `--policy` shares `main` (and what it learned).
+    /// The dispatch `config` describes (`None`: not disaggregated;
+    /// `discovers_roles`: discovery reads each engine's pool from a label);
+    /// a pool whose policy is `--policy` shares `main` (and what it
+    /// learned).
     pub fn new(
         config: &DisaggConfig,
+        discovers_roles: bool,
         routing: &RoutingConfig,
         main: &Arc<dyn Policy>,
     ) -> Option<Self> {
-        let protocol = config.protocol()?;
+        let protocol = config.protocol(discovers_roles)?;
         let pool_policy = |kind: Option<crate::config::PolicyKind>| match kind {
             Some(kind) if kind != routing.policy => {
                 let mut routing = routing.clone();

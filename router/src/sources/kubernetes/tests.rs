@@ -224,3 +224,34 @@ fn named_kv_event_ports_become_each_endpoints_event_sockets() {
     let found = ready_endpoints(&plain, &PortChoice::Named("http".into()), None, None);
     assert!(found.kv_events.is_empty() && found.endpoints.len() == 1);
 }
+
+#[test]
+fn a_role_label_of_prefill_puts_a_slices_endpoints_in_the_prefill_pool() {
+    let with_role = |name: &str, role: &str, address: &str| {
+        slice(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "llm", "resourceVersion": "7",
+                "labels": {"kubernetes.io/service-name": name, "shoal.io/pd-role": role}},
+            "addressType": "IPv4",
+            "endpoints": [endpoint(address, Some(true), false)],
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}]
+        }))
+    };
+    let slices = [
+        with_role("prefill", "prefill", "10.0.3.1"),
+        with_role("decode", "decode", "10.0.3.2"),
+    ];
+    let labels = SliceLabels {
+        model: None,
+        role: Some("shoal.io/pd-role"),
+    };
+    let found = ready_endpoints(&slices, &PortChoice::Only, None, labels);
+    assert_eq!(found.endpoints.len(), 2);
+    assert_eq!(
+        found.prefill.into_iter().collect::<Vec<_>>(),
+        ["http://10.0.3.1:8000"]
+    );
+    // Without the flag nothing is a prefill worker.
+    let found = ready_endpoints(&slices, &PortChoice::Only, None, None);
+    assert!(found.prefill.is_empty());
+}
