@@ -136,6 +136,9 @@ pub struct Transcript {
     /// The last text chunk set a finish reason (looked for after its text,
     /// where vLLM and SGLang put it; chunks without text are read whole).
     finished_with_text: bool,
+    /// The bytes before and after the text of the last plain text chunk
+    /// (see [`Transcript::note_chunk`]).
+    frame: Option<(Vec<u8>, Vec<u8>)>,
     /// The stream carries a running usage count on its chunks
     /// (`continuous_usage_stats`): read it on every chunk.
     counts_usage: bool,
@@ -225,6 +228,7 @@ impl Transcript {
             finished: false,
             done: false,
             finished_with_text: false,
+            frame: None,
             counts_usage: false,
             refusal: None,
             max_text_bytes,
@@ -260,11 +264,20 @@ impl Transcript {
         self.note_chunk(data);
     }
 
-    /// Notes one chunk; whether it carried text. The common chunk, one
-    /// carrying text, costs a search for its text and one of the few bytes
-    /// after it (a finish reason); the rest (usage, tool calls, reasoning)
-    /// is looked for in chunks without text.
+    /// Notes one chunk; whether it carried text.
+    ///
+    /// An engine's text chunks differ only in their text: the bytes before
+    /// it (`"id"`, `"created"`, `"model"`, `"delta":{"content":"`) and
+    /// after it (`"},"logprobs":null,"finish_reason":null}]}`) repeat. So
+    /// the common chunk is read by comparing it with the last one's frame
+    /// (two memory compares); a chunk that does not fit is searched, and
+    /// its frame learned. The rest (usage, tool calls, reasoning) is looked
+    /// for in chunks without text.
     fn note_chunk(&mut self, data: &[u8]) -> bool {
+        if let Some(piece) = self.framed_text(data) {
+            self.add_text(piece);
+            return true;
+        }
         let n = needles();
         let key = match self.kind {
             StreamKind::Chat => &n.chat_text,
@@ -274,10 +287,37 @@ impl Transcript {
         let piece = at
             .and_then(|at| escaped_string(data, at))
             .filter(|piece| !piece.is_empty());
-        let Some(piece) = piece else {
+        let (Some(at), Some(piece)) = (at, piece) else {
             self.note_rare(data);
             return false;
         };
+        self.add_text(piece);
+        let tail = data.get(at + piece.len()..).unwrap_or_default();
+        self.finished_with_text = n.finish.find(tail).is_some();
+        // The first text chunk tells whether chunks carry a running count.
+        if (self.counts_usage || self.text_events == 1) && self.note_usage(data) {
+            self.counts_usage = true;
+        }
+        // Learn the frame, unless the chunk says more than its text.
+        self.frame = match self.finished_with_text || self.counts_usage {
+            true => None,
+            false => data.get(..at).map(|head| (head.to_vec(), tail.to_vec())),
+        };
+        true
+    }
+
+    /// The text of a chunk in the last text chunk's frame, if it is one.
+    fn framed_text<'d>(&self, data: &'d [u8]) -> Option<&'d [u8]> {
+        let (head, tail) = self.frame.as_ref()?;
+        let rest = data.strip_prefix(head.as_slice())?;
+        let text = rest.strip_suffix(tail.as_slice())?;
+        // The text must be one JSON string body: its end is the tail's
+        // opening quote, so no unescaped quote may sit inside it.
+        (escaped_string(rest, 0)?.len() == text.len() && !text.is_empty()).then_some(text)
+    }
+
+    /// Adds one chunk's escaped text.
+    fn add_text(&mut self, piece: &[u8]) {
         self.text_events += 1;
         if self.text.is_empty() {
             self.text.reserve(TEXT_FIRST_CAPACITY);
@@ -288,14 +328,6 @@ impl Transcript {
         } else if self.refusal.is_none() {
             self.text.extend_from_slice(piece);
         }
-        // What follows the text (its closing quote on): the finish reason.
-        let tail = at.map_or(data, |at| data.get(at + piece.len()..).unwrap_or_default());
-        self.finished_with_text = n.finish.find(tail).is_some();
-        // The first text chunk tells whether chunks carry a running count.
-        if (self.counts_usage || self.text_events == 1) && self.note_usage(data) {
-            self.counts_usage = true;
-        }
-        true
     }
 
     /// What a chunk without text may say.
@@ -432,6 +464,22 @@ mod tests {
         assert_eq!((point.text.as_str(), point.finished), ("ab", true));
         assert_eq!(data_of(b"event: x\ndata: 5\n\n"), Some(&b"5"[..]));
         assert_eq!(data_of(b": ping\n\n"), None);
+    }
+
+    #[test]
+    fn a_chunk_out_of_the_learned_frame_is_searched() {
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from(chat_chunk("a")));
+        t.note(&Bytes::from(chat_chunk("b\\\"c")));
+        // Same frame, then one with more after the text.
+        t.note(&Bytes::from_static(
+            b"data: {\"id\":\"chatcmpl-1\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"d\"},\"finish_reason\":\"length\"}]}\n\n",
+        ));
+        let point = t.resume_point().unwrap();
+        assert_eq!(
+            (point.text.as_str(), point.tokens, point.finished),
+            ("ab\\\"cd", 3, true)
+        );
     }
 
     #[test]
