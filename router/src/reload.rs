@@ -61,17 +61,7 @@ pub fn reload(state: &AppState) -> Result<Reloaded, String> {
     done.applied.push("keys");
     // The pools' workers are seeds too; a changed pool needs a restart
     // (below), so the seeds keep the current pools'.
-    let mut seeds = new.worker_urls.clone();
-    for url in current
-        .disagg
-        .decode_urls
-        .iter()
-        .chain(&current.disagg.prefill_urls)
-    {
-        if !seeds.contains(url) {
-            seeds.push(url.clone());
-        }
-    }
+    let seeds = crate::config::seeds_with_pools(&new.worker_urls, &current.disagg);
     state.sources.set_seeds(&seeds);
     done.applied.push("worker-urls");
     if new.routing.policy == current.routing.policy {

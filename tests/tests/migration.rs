@@ -270,30 +270,38 @@ async fn alone<F: std::future::Future>(bound: Duration, body: F) -> F::Output {
         .unwrap_or_else(|_| panic!("the test exceeded its bound of {bound:?}"))
 }
 
+/// Runs the [`STREAMS`] streams through `fleet`, each killed at a random
+/// point (the same points for every run): each stream's number, where it
+/// was killed and what its client read.
+async fn kill_every_stream(
+    engines: &mut [Engine],
+    fleet: &Fleet,
+    client: &HttpClient,
+) -> Vec<(usize, usize, Read)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5ea1);
+    let mut reads = Vec::new();
+    for i in 0..STREAMS {
+        let (path, body) = request(i);
+        let kill_after = rng.random_range(1..MAX_TOKENS as usize - 4);
+        let read = killed_stream(client, &fleet.url(0), engines, i, body, &path, kill_after).await;
+        reads.push((i, kill_after, read));
+    }
+    reads
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_migration_50_killed_streams_end_whole_and_exact() {
     alone(Duration::from_secs(240), async {
         let (mut engines, fleet) = rig(&["--migration-limit", "2"]).await;
         let client = HttpClient::new();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5ea1);
-        let mut bad = Vec::new();
-        for i in 0..STREAMS {
-            let (path, body) = request(i);
-            let kill_after = rng.random_range(1..MAX_TOKENS as usize - 4);
-            let read = killed_stream(
-                &client,
-                &fleet.url(0),
-                &mut engines,
-                i,
-                body,
-                &path,
-                kill_after,
-            )
-            .await;
-            if let Some(why) = malformed(&read, i.is_multiple_of(2)) {
-                bad.push(format!("stream {i} (killed after {kill_after}): {why}"));
-            }
-        }
+        let bad: Vec<String> = kill_every_stream(&mut engines, &fleet, &client)
+            .await
+            .into_iter()
+            .filter_map(|(i, kill_after, read)| {
+                let why = malformed(&read, i.is_multiple_of(2))?;
+                Some(format!("stream {i} (killed after {kill_after}): {why}"))
+            })
+            .collect();
         assert!(
             bad.is_empty(),
             "{} of {STREAMS} malformed:\n{}\n{}",
@@ -317,25 +325,12 @@ async fn without_migration_the_50_killed_streams_are_cut() {
     alone(Duration::from_secs(240), async {
         let (mut engines, fleet) = rig(&[]).await;
         let client = HttpClient::new();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5ea1);
-        let mut whole = Vec::new();
-        for i in 0..STREAMS {
-            let (path, body) = request(i);
-            let kill_after = rng.random_range(1..MAX_TOKENS as usize - 4);
-            let read = killed_stream(
-                &client,
-                &fleet.url(0),
-                &mut engines,
-                i,
-                body,
-                &path,
-                kill_after,
-            )
-            .await;
-            if !read.cut || read.events.iter().any(|e| e == "[DONE]") {
-                whole.push(i);
-            }
-        }
+        let whole: Vec<usize> = kill_every_stream(&mut engines, &fleet, &client)
+            .await
+            .into_iter()
+            .filter(|(_, _, read)| !read.cut || read.events.iter().any(|e| e == "[DONE]"))
+            .map(|(i, _, _)| i)
+            .collect();
         assert!(whole.is_empty(), "streams not cut: {whole:?}");
     })
     .await;

@@ -253,24 +253,25 @@ impl Config {
     /// pools' (a disaggregated fleet's workers are ordinary workers with a
     /// role).
     pub fn seed_urls(&self) -> Vec<String> {
-        let mut urls = self.worker_urls.clone();
-        for url in self
-            .disagg
-            .decode_urls
-            .iter()
-            .chain(&self.disagg.prefill_urls)
-        {
-            if !urls.contains(url) {
-                urls.push(url.clone());
-            }
-        }
-        urls
+        seeds_with_pools(&self.worker_urls, &self.disagg)
     }
 
     /// Grace period between SIGTERM and closing the listener.
     pub fn drain_settle(&self) -> Duration {
         Duration::from_secs(self.drain_settle_secs)
     }
+}
+
+/// `worker_urls` followed by the workers of `disagg`'s pools not among
+/// them: the seeds of a replica (a reload keeps the running pools').
+pub fn seeds_with_pools(worker_urls: &[String], disagg: &DisaggConfig) -> Vec<String> {
+    let mut urls = worker_urls.to_vec();
+    for url in disagg.decode_urls.iter().chain(&disagg.prefill_urls) {
+        if !urls.contains(url) {
+            urls.push(url.clone());
+        }
+    }
+    urls
 }
 
 #[cfg(test)]

@@ -243,15 +243,7 @@ impl Disagg {
         let route = record.route();
         let prefill_pool = self.pool(fleet, true);
         let decode_pool = self.pool(fleet, false);
-        let prefill_info = RequestInfo {
-            max_output_tokens: Some(1),
-            ..request.info.clone()
-        };
-        // The decode worker gets the prompt's KV, not its work.
-        let decode_info = RequestInfo {
-            prompt_tokens: 0,
-            ..request.info.clone()
-        };
+        let (prefill_info, decode_info) = leg_infos(request.info);
         let mut tried: Vec<Arc<Worker>> = Vec::new();
         loop {
             let prefill = match self.pick_prefill(&prefill_pool, request.info, &tried) {
@@ -262,11 +254,7 @@ impl Disagg {
             let port = self.bootstrap.port(prefill.url(), fleet.side_client).await;
             let host = host_of(prefill.url());
             let Ok(body) = bodies::sglang(&request.body, &host, port, bodies::room) else {
-                let error = ApiError::bad_request(
-                    "invalid_request",
-                    "a disaggregated request body must be a JSON object",
-                );
-                return record.respond(error.into_response());
+                return not_an_object(record);
             };
             let prefill_request = leg(&request, body.clone(), &prefill_info);
             let decode_request = Outgoing {
@@ -328,16 +316,9 @@ impl Disagg {
         }
         let deadline = forwarder.deadline_of(&record);
         let prefill_pool = self.pool(fleet, true);
-        let prefill_info = RequestInfo {
-            max_output_tokens: Some(1),
-            ..request.info.clone()
-        };
+        let (prefill_info, decode_info) = leg_infos(request.info);
         let Ok(prefill_body) = bodies::vllm_prefill(&request.body) else {
-            let error = ApiError::bad_request(
-                "invalid_request",
-                "a disaggregated request body must be a JSON object",
-            );
-            return record.respond(error.into_response());
+            return not_an_object(record);
         };
         let prefill_request = leg(&request, prefill_body, &prefill_info);
         let mut tried: Vec<Arc<Worker>> = Vec::new();
@@ -357,10 +338,6 @@ impl Disagg {
                 }
                 Err(failure) => break Err(failure.reason),
             }
-        };
-        let decode_info = RequestInfo {
-            prompt_tokens: 0,
-            ..request.info.clone()
         };
         let decode_body = params
             .as_ref()
@@ -394,6 +371,30 @@ impl Disagg {
         telemetry::disagg(self.protocol.label(), "prefill_failed");
         record.respond(error.into_response())
     }
+}
+
+/// The accounting of a request's two legs: the prefill worker runs the
+/// prompt and one token; the decode worker gets the prompt's KV, not its
+/// work, and generates the output.
+fn leg_infos(info: &RequestInfo) -> (RequestInfo, RequestInfo) {
+    let prefill = RequestInfo {
+        max_output_tokens: Some(1),
+        ..info.clone()
+    };
+    let decode = RequestInfo {
+        prompt_tokens: 0,
+        ..info.clone()
+    };
+    (prefill, decode)
+}
+
+/// Ends `record` with the 400 for a body that cannot take the legs' fields.
+fn not_an_object(record: RequestRecord) -> Response {
+    let error = ApiError::bad_request(
+        "invalid_request",
+        "a disaggregated request body must be a JSON object",
+    );
+    record.respond(error.into_response())
 }
 
 /// Whether another prefill worker may be tried after `tried`: a retry left
