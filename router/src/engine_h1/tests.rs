@@ -207,6 +207,41 @@ async fn a_chunked_stream_arrives_frame_by_frame() {
     assert_eq!(idle_count(authority(&url)), 1);
 }
 
+/// Serves one response whose body is `chunks`, written once the client
+/// asks for it (so it is all read at once), and returns its URL and the
+/// gate to open.
+async fn burst_engine(chunks: Vec<u8>) -> (String, mpsc::UnboundedSender<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (gate_tx, mut gate_rx) = mpsc::unbounded_channel::<()>();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut pending = Vec::new();
+        read_request(&mut stream, &mut pending).await.unwrap();
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        gate_rx.recv().await.unwrap();
+        stream.write_all(&chunks).await.unwrap();
+        read_request(&mut stream, &mut pending).await;
+    });
+    (url, gate_tx)
+}
+
+#[tokio::test]
+async fn small_chunks_read_together_are_handed_on_as_one_frame_and_an_error_after_them() {
+    let events = b"8\r\ndata: 1\n\r\n8\r\ndata: 2\n\r\n8\r\ndata: 3\n\r\nzz\r\n".to_vec();
+    let (url, gate) = burst_engine(events).await;
+    let mut body = post(&url, "{}").await.unwrap().into_body();
+    gate.send(()).unwrap();
+    // Let the whole burst reach this side's socket before the first read.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let joined = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&joined[..], b"data: 1\ndata: 2\ndata: 3\n");
+    let error = body.frame().await.unwrap().unwrap_err().to_string();
+    assert!(error.contains("chunk"), "{error}");
+    assert!(body.frame().await.is_none());
+}
+
 #[tokio::test]
 async fn a_reused_connection_the_engine_closed_is_replaced_for_an_idempotent_request() {
     // Every connection answers once; the next request on it is read whole

@@ -76,6 +76,9 @@ impl Body for TrackedBody {
     type Data = Bytes;
     type Error = BoxError;
 
+    // Inlined into the body that wraps it (a migratable stream's), which
+    // polls it once per event.
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

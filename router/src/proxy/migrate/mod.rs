@@ -478,7 +478,7 @@ impl Body for MigratingBody {
                         return Poll::Ready(failure.map(Err));
                     }
                 },
-                State::Streaming(leg) => match Pin::new(leg).poll_frame(cx) {
+                State::Streaming(leg) => match Pin::new(&mut *leg).poll_frame(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(None) => {
                         let rest = this.framer.rest();
@@ -488,22 +488,36 @@ impl Body for MigratingBody {
                         }
                         return Poll::Ready(None);
                     }
-                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                        Ok(data) => {
-                            let out = this.take(data);
-                            if out.is_empty() {
-                                continue;
+                    Poll::Ready(Some(Ok(frame))) => {
+                        let last = leg.is_end_stream();
+                        let data = match frame.into_data() {
+                            Ok(data) => data,
+                            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                        };
+                        let mut out = this.take(data);
+                        if last {
+                            // Ended with its last frame, as an unmigrated
+                            // body is: the client's stream ends in the
+                            // same write, not after another poll.
+                            let rest = this.framer.rest();
+                            if !rest.is_empty() {
+                                out = [out, rest].concat().into();
                             }
-                            if !this.saw_data {
-                                this.saw_data = true;
-                                if let Some(record) = &this.record {
-                                    record.first_token();
-                                }
-                            }
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
-                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                    },
+                        if !out.is_empty() && !this.saw_data {
+                            this.saw_data = true;
+                            if let Some(record) = &this.record {
+                                record.first_token();
+                            }
+                        }
+                        if last {
+                            this.end();
+                        }
+                        if out.is_empty() {
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
                     Poll::Ready(Some(Err(err))) => {
                         this.failure = Some(err);
                         match this.next() {

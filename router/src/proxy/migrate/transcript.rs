@@ -120,7 +120,9 @@ pub type Refusal = &'static str;
 pub struct Transcript {
     kind: StreamKind,
     /// The first event's data (a JSON chunk): its `id`, `created`, `model`.
-    first: Option<Bytes>,
+    /// Copied: a slice of the frame would keep the engine connection's
+    /// whole read buffer alive for as long as the stream lasts.
+    first: Option<Vec<u8>>,
     /// The text generated so far, JSON-escaped as the engine sent it.
     text: Vec<u8>,
     /// Events that carried text: the output tokens, one per event, when the
@@ -138,7 +140,7 @@ pub struct Transcript {
     finished_with_text: bool,
     /// The bytes before and after the text of the last plain text chunk
     /// (see [`Transcript::note_chunk`]).
-    frame: Option<(Vec<u8>, Vec<u8>)>,
+    frame: Option<ChunkFrame>,
     /// The stream carries a running usage count on its chunks
     /// (`continuous_usage_stats`): read it on every chunk.
     counts_usage: bool,
@@ -146,6 +148,24 @@ pub struct Transcript {
     refusal: Option<Refusal>,
     /// Largest escaped text kept; past it the stream is not migratable.
     max_text_bytes: usize,
+}
+
+/// The bytes around the text of an engine's text chunk, kept in one
+/// buffer: `head` then `tail`.
+#[derive(Debug)]
+struct ChunkFrame {
+    bytes: Vec<u8>,
+    head_len: usize,
+}
+
+impl ChunkFrame {
+    fn head(&self) -> &[u8] {
+        self.bytes.get(..self.head_len).unwrap_or_default()
+    }
+
+    fn tail(&self) -> &[u8] {
+        self.bytes.get(self.head_len..).unwrap_or_default()
+    }
 }
 
 /// Text bytes reserved at a stream's first text: most replies fit, so the
@@ -236,21 +256,27 @@ impl Transcript {
     }
 
     /// Notes every whole event in `events` (what [`Framer::push`] gave).
-    pub fn note(&mut self, events_bytes: &Bytes) {
+    pub fn note(&mut self, events_bytes: &[u8]) {
+        // The commonest frame: one text chunk in the last one's frame, read
+        // with two memory compares and a scan of its text alone.
+        if let Some(piece) = self.framed_event_text(events_bytes) {
+            self.add_text(piece);
+            return;
+        }
         // The common frame: one whole `data:` event, read without a loop.
         if let Some(data) = single_event_data(events_bytes) {
-            self.note_data(events_bytes, data);
+            self.note_data(data);
             return;
         }
         for event in events(events_bytes) {
             if let Some(data) = data_of(event) {
-                self.note_data(events_bytes, data);
+                self.note_data(data);
             }
         }
     }
 
-    /// Notes one event's data (a slice of `events_bytes`).
-    fn note_data(&mut self, events_bytes: &Bytes, data: &[u8]) {
+    /// Notes one event's data.
+    fn note_data(&mut self, data: &[u8]) {
         if data == b"[DONE]" {
             self.done = true;
             return;
@@ -259,7 +285,7 @@ impl Transcript {
             return;
         }
         if self.first.is_none() {
-            self.first = Some(events_bytes.slice_ref(data));
+            self.first = Some(data.to_vec());
         }
         self.note_chunk(data);
     }
@@ -299,18 +325,37 @@ impl Transcript {
             self.counts_usage = true;
         }
         // Learn the frame, unless the chunk says more than its text.
-        self.frame = match self.finished_with_text || self.counts_usage {
-            true => None,
-            false => data.get(..at).map(|head| (head.to_vec(), tail.to_vec())),
-        };
+        match self.finished_with_text || self.counts_usage {
+            true => self.frame = None,
+            false => {
+                let mut bytes = self.frame.take().map(|f| f.bytes).unwrap_or_default();
+                bytes.clear();
+                bytes.extend_from_slice(data.get(..at).unwrap_or_default());
+                bytes.extend_from_slice(tail);
+                self.frame = Some(ChunkFrame {
+                    bytes,
+                    head_len: at,
+                });
+            }
+        }
         true
+    }
+
+    /// The text of `frame` when it is one `data: ` event whose chunk is
+    /// in the last text chunk's frame. No newline scan is needed: a frame
+    /// holding more than one event would put the closing quote of its
+    /// first chunk's text, and the rest of that chunk, inside what
+    /// [`Transcript::framed_text`] checks is one JSON string body.
+    fn framed_event_text<'d>(&self, frame: &'d [u8]) -> Option<&'d [u8]> {
+        let data = frame.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
+        self.framed_text(data)
     }
 
     /// The text of a chunk in the last text chunk's frame, if it is one.
     fn framed_text<'d>(&self, data: &'d [u8]) -> Option<&'d [u8]> {
-        let (head, tail) = self.frame.as_ref()?;
-        let rest = data.strip_prefix(head.as_slice())?;
-        let text = rest.strip_suffix(tail.as_slice())?;
+        let frame = self.frame.as_ref()?;
+        let rest = data.strip_prefix(frame.head())?;
+        let text = rest.strip_suffix(frame.tail())?;
         // The text must be one JSON string body: its end is the tail's
         // opening quote, so no unescaped quote may sit inside it.
         (escaped_string(rest, 0)?.len() == text.len() && !text.is_empty()).then_some(text)
@@ -480,6 +525,21 @@ mod tests {
             (point.text.as_str(), point.tokens, point.finished),
             ("ab\\\"cd", 3, true)
         );
+    }
+
+    #[test]
+    fn two_events_in_one_frame_are_not_read_as_one_framed_chunk() {
+        let mut t = Transcript::new(StreamKind::Chat, 1 << 20);
+        t.note(&Bytes::from(chat_chunk("a")));
+        // Both in the learned frame: the first's head, the second's tail.
+        t.note(&Bytes::from(format!(
+            "{}{}",
+            chat_chunk("b"),
+            chat_chunk("c")
+        )));
+        t.note(&Bytes::from(chat_chunk("d")));
+        let point = t.resume_point().unwrap();
+        assert_eq!((point.text.as_str(), point.tokens), ("abcd", 4));
     }
 
     #[test]
