@@ -11,7 +11,10 @@
 //!   prefill pool, not a decode worker waiting out its timeout;
 //! - vLLM `kv_transfer_params` mode: the same, the decode engine fetching
 //!   the blocks the prefill answer named; a prompt under
-//!   `--pd-min-prompt-tokens` skips the prefill pool.
+//!   `--pd-min-prompt-tokens` skips the prefill pool;
+//! - a `precise_prefix` prefill policy sends a prompt to the prefill
+//!   engine whose KV events (real ZMQ sockets) say it holds the prompt's
+//!   prefix, through every replica.
 //!
 //! The `shoal` binary is found next to this test in the target directory
 //! (`cargo build -p shoal` first, or set `SHOAL_BIN`).
@@ -56,6 +59,11 @@ impl Rig {
     async fn start(flavor: Flavor, args: &[&str]) -> Self {
         let prefill = engines(flavor, PdRole::Prefill).await;
         let decode = engines(flavor, PdRole::Decode).await;
+        Self::over(prefill, decode, args).await
+    }
+
+    /// Three meshed replicas over `prefill` and `decode` with `args`.
+    async fn over(prefill: Vec<EngineHandle>, decode: Vec<EngineHandle>, args: &[&str]) -> Self {
         let join = |e: &[EngineHandle]| {
             e.iter()
                 .map(EngineHandle::url)
@@ -292,6 +300,153 @@ async fn vllm_transfer_params_mode_prefills_then_decodes_and_short_prompts_skip_
                 .any(|l| l.starts_with("shoal_disagg_requests_total")
                     && l.contains("path=\"decode_only\"")),
             "{scrape}"
+        );
+    })
+    .await;
+}
+
+/// The mock engines' tokenizer (the replicas hash prompts with it too).
+fn tokenizer() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/tokenizer/tokenizer.json")
+        .display()
+        .to_string()
+}
+
+/// Families of prompts: each shares a long history.
+const FAMILIES: u64 = 6;
+
+fn history(f: u64) -> String {
+    shoal_tests::workload::text(2000 + f, 1500)
+}
+
+/// The sum over `url`'s scrape of the KV-event batches it applied.
+async fn applied_batches(client: &HttpClient, url: &str) -> u64 {
+    let scrape = client.get(&format!("{url}/metrics")).await.unwrap().text();
+    scrape
+        .lines()
+        .filter(|l| {
+            l.starts_with("shoal_kv_event_batches_total{") && l.contains("result=\"applied\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Each engine's `stored` count (prefills handed over).
+async fn stored(rig: &Rig) -> Vec<u64> {
+    rig.counters(&rig.prefill)
+        .await
+        .iter()
+        .map(|c| c.stored)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_precise_prefix_prefill_policy_sends_a_prompt_to_the_prefill_engine_holding_its_prefix() {
+    alone(async {
+        let cfg = EngineConfig {
+            flavor: Flavor::Sglang,
+            pd_role: PdRole::Prefill,
+            time_scale: 20.0,
+            tokenizer: Some(tokenizer().into()),
+            kv_events_port: Some(0),
+            kv_events_replay_port: Some(0),
+            ..EngineConfig::default()
+        };
+        let prefill = spawn_engines(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, 2)
+            .await
+            .unwrap();
+        let decode = engines(Flavor::Sglang, PdRole::Decode).await;
+        let mut args: Vec<String> = [
+            "--pd-protocol",
+            "sglang",
+            "--prefill-policy",
+            "precise_prefix",
+            "--kv-tokenizer",
+        ]
+        .map(String::from)
+        .into();
+        args.push(tokenizer());
+        for e in &prefill {
+            let kv = e.kv_events().unwrap();
+            let replay = kv.replay_endpoint.clone().unwrap();
+            args.push("--kv-events-endpoint".into());
+            args.push(format!("{}={}|{replay}", e.url(), kv.endpoint));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let rig = Rig::over(prefill, decode, &args).await;
+        // Each family's history is cached on a prefill engine the test
+        // chooses (sent to it directly, alternating), so a policy that
+        // ignored the events would miss about half of what follows.
+        for f in 0..FAMILIES {
+            let home = &rig.prefill[(f % 2) as usize];
+            let body = json!({"model": DEFAULT_MODEL, "max_tokens": 1, "prompt": history(f),
+                "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 90_000 + f});
+            let r = rig
+                .client
+                .post_json(&format!("{}/v1/completions", home.url()), &body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        // Every replica has applied the same events, and no more arrive.
+        let started = Instant::now();
+        let mut last = Vec::new();
+        loop {
+            let mut now = Vec::new();
+            for i in 0..rig.fleet.len() {
+                now.push(applied_batches(&rig.client, &rig.fleet.url(i)).await);
+            }
+            let settled = now == last && now.iter().all(|n| *n >= FAMILIES);
+            if settled {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the replicas never applied the engines' events: {now:?}\n{}",
+                rig.logs()
+            );
+            last = now;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        // Later prompts (history + more) through the other replicas land
+        // on their history's engine.
+        let mut missed = Vec::new();
+        for replica in [1, 2] {
+            for f in 0..FAMILIES {
+                let before = stored(&rig).await;
+                let prompt = format!(
+                    "{} {}",
+                    history(f),
+                    shoal_tests::workload::text(7000 + f, 200)
+                );
+                let body = json!({"model": DEFAULT_MODEL, "max_tokens": 4, "prompt": prompt});
+                let url = format!("{}/v1/completions", rig.fleet.url(replica));
+                let r = rig.client.post_json(&url, &body).await.unwrap();
+                assert_eq!(r.status, 200, "{}\n{}", r.text(), rig.logs());
+                // The prefill answer is drained after the client's: wait
+                // for its handoff to be counted.
+                let started = Instant::now();
+                let after = loop {
+                    let after = stored(&rig).await;
+                    if after.iter().sum::<u64>() > before.iter().sum::<u64>() {
+                        break after;
+                    }
+                    assert!(
+                        started.elapsed() < Duration::from_secs(5),
+                        "no prefill counted"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                };
+                let took = (0..2).find(|&i| after[i] > before[i]).unwrap();
+                if took != (f % 2) as usize {
+                    missed.push((replica, f, took));
+                }
+            }
+        }
+        assert!(
+            missed.is_empty(),
+            "(replica, family, engine) off their home: {missed:?}"
         );
     })
     .await;

@@ -75,7 +75,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    let text_limit = app.policy.prompt_text_limit();
+    let text_limit = app.prompt_text_limit();
     let mut info = match body::inspect(route, &read.bytes, content_type, text_limit).await {
         Ok(info) => info,
         Err(error) => return record.respond(error.into_response()),
@@ -111,7 +111,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
         let response = admission::reject_response(error);
         return refused(record, "fleet_saturated", response);
     }
-    if let Some(kv) = app.policy.kv_events() {
+    if let Some(kv) = app.kv_events() {
         kv.tokenize_on_engine(&mut info, &app.registry, &app.side_client)
             .await;
     }

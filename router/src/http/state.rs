@@ -63,6 +63,26 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Every policy the replica routes with: the main one and, in a
+    /// disaggregated fleet, each pool's.
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<dyn Policy>> {
+        let pools = self.disagg.as_ref().map(Disagg::pool_policies);
+        std::iter::once(&self.policy).chain(pools.into_iter().flatten())
+    }
+
+    /// How much prompt text a request keeps for routing: the most any
+    /// policy in use reads (a `precise_prefix` prefill pool behind a
+    /// `least_load` main policy still needs the prompt).
+    pub fn prompt_text_limit(&self) -> Option<usize> {
+        self.policies().filter_map(|p| p.prompt_text_limit()).max()
+    }
+
+    /// The KV-event index a request's prompt is tokenized for, if any
+    /// policy in use routes on one.
+    pub fn kv_events(&self) -> Option<Arc<crate::kv_events::KvEvents>> {
+        self.policies().find_map(|p| p.kv_events())
+    }
+
     /// Whether the replica is shutting down.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)

@@ -58,6 +58,14 @@ pub struct Disagg {
     bootstrap: bootstrap::BootstrapPorts,
 }
 
+impl Disagg {
+    /// The pools' policies (prefill, decode): what the replica must
+    /// prepare requests for besides its main policy.
+    pub fn pool_policies(&self) -> [&Arc<dyn Policy>; 2] {
+        [&self.prefill_policy, &self.decode_policy]
+    }
+}
+
 impl std::fmt::Debug for Disagg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Disagg")
