@@ -14,7 +14,11 @@
 //!   resumed;
 //! - without it (the default), the same 50 kills cut each client's body;
 //! - a request a text continuation cannot serve (`n = 2`) is cut, not
-//!   continued, and counted as ineligible.
+//!   continued, and counted as ineligible;
+//! - a completions stream that names its token ids (`return_token_ids`)
+//!   is continued from them, exactly: its prompt is token ids, which no
+//!   text continuation could extend, and its client sees the prompt's ids
+//!   once and the output's ids `w0 … w39` in order.
 //!
 //! The `shoal` binary is found next to this test in the target directory
 //! (`cargo build -p shoal` first, or set `SHOAL_BIN`).
@@ -358,6 +362,74 @@ async fn a_request_a_continuation_cannot_serve_is_cut_and_counted() {
             counter(&scrape, "shoal_migrations_total", "outcome=\"resumed\""),
             0.0
         );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_streams_that_name_their_token_ids_are_continued_from_them() {
+    alone(Duration::from_secs(120), async {
+        let (mut engines, fleet) = rig(&["--migration-limit", "2"]).await;
+        let client = HttpClient::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x1d5);
+        let mut bad = Vec::new();
+        for i in 0..10 {
+            // A prompt of token ids has no text to append to: only the
+            // ids the stream names can continue it.
+            let body = json!({"model": "mock/Qwen3-8B", "stream": true, "max_tokens": MAX_TOKENS,
+                "stream_options": {"include_usage": true}, "prompt": [1, 2, 3],
+                "return_token_ids": true});
+            let kill_after = rng.random_range(1..MAX_TOKENS as usize - 4);
+            let read = killed_stream(
+                &client,
+                &fleet.url(0),
+                &mut engines,
+                i,
+                body,
+                "/v1/completions",
+                kill_after,
+            )
+            .await;
+            if let Some(why) = malformed(&read, false) {
+                bad.push(format!("stream {i} (killed after {kill_after}): {why}"));
+                continue;
+            }
+            let chunks: Vec<Value> = read
+                .events
+                .iter()
+                .filter_map(|e| serde_json::from_str(e).ok())
+                .collect();
+            let prompts: Vec<&Value> = chunks
+                .iter()
+                .map(|c| &c["choices"][0]["prompt_token_ids"])
+                .filter(|p| !p.is_null())
+                .collect();
+            let ids: Vec<u64> = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["token_ids"].as_array())
+                .flatten()
+                .filter_map(Value::as_u64)
+                .collect();
+            let expected: Vec<u64> = (0..MAX_TOKENS).map(|k| 1_000_000 + k).collect();
+            if prompts != [&json!([1, 2, 3])] || ids != expected {
+                bad.push(format!(
+                    "stream {i}: prompt ids {prompts:?}, output ids {ids:?}"
+                ));
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{}\n{}",
+            bad.join("\n"),
+            fleet.log_tail(0, 30)
+        );
+        let scrape = client
+            .get(&format!("{}/metrics", fleet.url(0)))
+            .await
+            .unwrap();
+        let scrape = String::from_utf8_lossy(&scrape.body).into_owned();
+        let resumed = counter(&scrape, "shoal_migrations_total", "outcome=\"resumed\"");
+        assert_eq!(resumed, 10.0, "{scrape}");
     })
     .await;
 }

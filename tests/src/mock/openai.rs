@@ -17,7 +17,8 @@ use super::disagg::PdPlan;
 use super::engine::Engine;
 use super::model::Event;
 use super::requests::{
-    ApiKind, ParsedRequest, TOKEN_TEXT, numbered_token, numbered_words, parse_request,
+    ApiKind, NUMBERED_TOKEN_ID, ParsedRequest, TOKEN_ID, TOKEN_TEXT, numbered_ids, numbered_token,
+    numbered_words, parse_request,
 };
 use super::snapshot::Timing;
 
@@ -196,7 +197,10 @@ fn continued_words(req: &ParsedRequest) -> u64 {
             .messages
             .last()
             .map_or(0, |(_, content)| numbered_words(content)),
-        ApiKind::Completion => numbered_words(&req.prompt_text),
+        ApiKind::Completion => match &req.prompt_ids {
+            Some(ids) => numbered_ids(ids),
+            None => numbered_words(&req.prompt_text),
+        },
         _ => 0,
     }
 }
@@ -356,6 +360,9 @@ struct Frames {
     numbered_from: Option<u64>,
     /// The prompt's tokens (what a prefill hands over).
     prompt_tokens: u64,
+    /// `return_token_ids` on a completions stream: the prompt's ids, to
+    /// name in the first chunk (given ones, or made up one per token).
+    prompt_ids: Option<Vec<u64>>,
 }
 
 impl Frames {
@@ -381,7 +388,38 @@ impl Frames {
             prompt: req.prompt_text.clone(),
             numbered_from: None,
             prompt_tokens: req.prompt_tokens,
+            prompt_ids: (req.return_token_ids && req.kind == ApiKind::Completion).then(|| {
+                req.prompt_ids
+                    .clone()
+                    .unwrap_or_else(|| (0..req.prompt_tokens).map(|i| 1000 + i % 30_000).collect())
+            }),
         }
+    }
+
+    /// The token ids of output tokens `from..from + n`.
+    fn output_ids(&self, from: u64, n: u64) -> Vec<u64> {
+        match self.numbered_from {
+            None => vec![TOKEN_ID; n as usize],
+            Some(start) => (from..from + n)
+                .map(|k| NUMBERED_TOKEN_ID + start + k)
+                .collect(),
+        }
+    }
+
+    /// A completions chunk's token-id fields (`return_token_ids`), or
+    /// nothing: the prompt's ids on the first chunk, the chunk's own ids.
+    fn id_fields(&self, from: u64, n: u64) -> String {
+        let Some(prompt) = &self.prompt_ids else {
+            return String::new();
+        };
+        let prompt = match from {
+            0 => json!(prompt),
+            _ => serde_json::Value::Null,
+        };
+        format!(
+            ",\"prompt_token_ids\":{prompt},\"token_ids\":{}",
+            json!(self.output_ids(from, n))
+        )
     }
 
     /// The text of output tokens `from..from + n`.
@@ -437,6 +475,7 @@ impl Frames {
 
     fn token_frame(&mut self, n: u32) -> Bytes {
         let piece = self.output_text(self.sent, u64::from(n));
+        let ids = self.id_fields(self.sent, u64::from(n));
         let first = self.sent == 0;
         self.sent += u64::from(n);
         let s = match self.kind {
@@ -448,7 +487,7 @@ impl Frames {
                 )
             }
             ApiKind::Completion => format!(
-                "data: {}{{\"index\":0,\"text\":\"{piece}\",\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                "data: {}{{\"index\":0,\"text\":\"{piece}\",\"logprobs\":null,\"finish_reason\":null{ids}}}]}}\n\n",
                 self.head
             ),
             ApiKind::Generate => {

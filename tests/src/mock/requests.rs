@@ -55,10 +55,22 @@ pub struct ParsedRequest {
     /// A chat request continues its final (assistant) message
     /// (`continue_final_message`) instead of starting a new one.
     pub continues_final_message: bool,
+    /// vLLM's `return_token_ids`: a completions stream names its prompt's
+    /// token ids in its first chunk and each chunk's output token ids.
+    pub return_token_ids: bool,
+    /// A completions prompt given as token ids.
+    pub prompt_ids: Option<Vec<u64>>,
 }
 
 /// The text of one generated token.
 pub const TOKEN_TEXT: &str = "tok ";
+
+/// The token id of [`TOKEN_TEXT`].
+pub const TOKEN_ID: u64 = 5;
+
+/// The token id of numbered output token 0 (`w0 `); token k's is this
+/// plus k, so a prompt of token ids shows how many it already holds.
+pub const NUMBERED_TOKEN_ID: u64 = 1_000_000;
 
 /// Prompt tokens for a text: `ceil(chars / 4)`, at least 1.
 pub fn prompt_tokens_for(text: &str) -> u64 {
@@ -184,6 +196,11 @@ pub fn numbered_words(text: &str) -> u64 {
         .count() as u64
 }
 
+/// The numbered output tokens a prompt of token ids already holds.
+pub fn numbered_ids(ids: &[u64]) -> u64 {
+    ids.iter().filter(|&&id| id >= NUMBERED_TOKEN_ID).count() as u64
+}
+
 /// Parses a request body for `kind`; errors are messages for a 400.
 pub fn parse_request(
     kind: ApiKind,
@@ -271,7 +288,15 @@ pub fn parse_request(
         _ => Vec::new(),
     };
     let continues_final_message = kind == ApiKind::Chat && continuation(&v, &messages)?;
+    let prompt_ids = match (kind, v.get("prompt")) {
+        (ApiKind::Completion, Some(Value::Array(ids))) if ids.iter().all(Value::is_u64) => {
+            Some(ids.iter().filter_map(Value::as_u64).collect())
+        }
+        _ => None,
+    };
     Ok(ParsedRequest {
+        return_token_ids: v.get("return_token_ids").and_then(Value::as_bool) == Some(true),
+        prompt_ids,
         messages,
         continues_final_message,
         kind,

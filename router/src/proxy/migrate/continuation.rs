@@ -1,6 +1,8 @@
 //! The request that continues a broken stream on another engine.
 //!
-//! - Completions: the prompt followed by the text generated so far.
+//! - Completions: the prompt followed by the text generated so far; or,
+//!   when the stream named its token ids (vLLM's `return_token_ids`), the
+//!   prompt's ids followed by the output's, replayed exactly.
 //! - Chat: the messages followed by an assistant message holding that
 //!   text, with `continue_final_message: true` and
 //!   `add_generation_prompt: false`, so the engine renders the template
@@ -17,7 +19,8 @@
 //! probabilities (the engine re-tokenizes the replayed text, so the
 //! continuation's tokens and their probabilities need not match what was
 //! sampled), `echo` and `suffix` (the answer would repeat or move the
-//! prompt), and prompts given as token ids (no text to append to).
+//! prompt), and prompts given as token ids whose stream named no ids (no
+//! text to append to).
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -167,11 +170,16 @@ pub fn continuation(
     ] {
         request.remove(key);
     }
-    if !point.text.is_empty() {
-        match kind {
-            StreamKind::Completion => extend_prompt(&mut request, &point.text)?,
-            StreamKind::Chat => extend_messages(&mut request, &point.text)?,
+    match (kind, &point.ids) {
+        // The exact tokens: the prompt's ids, then the output's.
+        (StreamKind::Completion, Some(ids)) => {
+            let all = ids.prompt().iter().chain(ids.output());
+            let prompt = all.map(|&id| Value::from(id)).collect();
+            request.insert("prompt".into(), Value::Array(prompt));
         }
+        _ if point.text.is_empty() => {}
+        (StreamKind::Completion, None) => extend_prompt(&mut request, &point.text)?,
+        (StreamKind::Chat, _) => extend_messages(&mut request, &point.text)?,
     }
     let body = serde_json::to_vec(&request).map_err(|_| "the continuation did not serialize")?;
     Ok(Continuation {
@@ -193,6 +201,7 @@ mod tests {
             first: None,
             finished: false,
             done: false,
+            ids: None,
         }
     }
 
@@ -251,6 +260,25 @@ mod tests {
         // Nothing shown yet: the original request, unchanged but for form.
         let c = continuation(StreamKind::Completion, &ids, &point("", 0)).unwrap();
         assert_eq!(parsed(&c)["prompt"], json!([1, 2, 3]));
+    }
+
+    #[test]
+    fn a_completion_that_named_its_token_ids_replays_them_exactly() {
+        let first =
+            br#"{"choices":[{"text":"w0 ","prompt_token_ids":[1,2,3],"token_ids":[100,101]}]}"#;
+        let ids = crate::proxy::migrate::token_ids::StreamIds::from_first(first, 64).unwrap();
+        let mut at = point("w0 ", 2);
+        at.ids = Some(ids);
+        // Even a prompt of token ids, which has no text to append to.
+        for prompt in [json!("Once"), json!([1, 2, 3])] {
+            let original =
+                body(json!({"prompt": prompt, "max_tokens": 5, "return_token_ids": true}));
+            let c = continuation(StreamKind::Completion, &original, &at).unwrap();
+            let v = parsed(&c);
+            assert_eq!(v["prompt"], json!([1, 2, 3, 100, 101]));
+            assert_eq!((v["max_tokens"].as_u64(), c.remaining), (Some(3), Some(3)));
+            assert_eq!(v["return_token_ids"], true);
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@
 
 mod continuation;
 mod splice;
+mod token_ids;
 mod transcript;
 
 use std::future::Future;

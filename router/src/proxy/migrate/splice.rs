@@ -5,7 +5,9 @@
 //! has one), and so is any event left with nothing to say; its usage is
 //! restated for the whole request: completion tokens summed over the
 //! legs, prompt tokens the original prompt's (the continuation's prompt
-//! counted the replayed text too). `[DONE]` and anything that is not a
+//! counted the replayed text too); the prompt's token ids it names
+//! (`return_token_ids`) are nulled, the client has the original's.
+//! `[DONE]` and anything that is not a
 //! JSON chunk pass as they are. Only migrated streams pay for this parse.
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -59,9 +61,21 @@ impl Splicer {
                 *slot = value.clone();
             }
         }
+        // The client has the prompt's ids from the first leg; a
+        // continuation's would name its longer prompt (`return_token_ids`).
+        if let Some(ids) = chunk.get_mut("prompt_token_ids") {
+            *ids = Value::Null;
+        }
         let mut says_something = false;
         if let Some(choices) = chunk.get_mut("choices").and_then(Value::as_array_mut) {
             for choice in choices.iter_mut() {
+                if let Some(ids) = choice.get_mut("prompt_token_ids") {
+                    *ids = Value::Null;
+                }
+                says_something |= choice
+                    .get("token_ids")
+                    .and_then(Value::as_array)
+                    .is_some_and(|ids| !ids.is_empty());
                 if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
                     delta.remove("role");
                     let empty = |v: &Value| v.is_null() || v.as_str() == Some("");
@@ -158,6 +172,20 @@ mod tests {
             json!({"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20})
         );
         assert_eq!(datas[3], "[DONE]");
+    }
+
+    #[test]
+    fn a_continuations_prompt_ids_are_nulled_and_an_ids_only_chunk_kept() {
+        let splicer = Splicer::new(&json!({"id": "cmpl-A"}), 1);
+        let input = Bytes::from_static(
+            b"data: {\"id\":\"cmpl-B\",\"choices\":[{\"index\":0,\"text\":\"\",\"prompt_token_ids\":[1,2,9],\"token_ids\":[7]}]}\n\n",
+        );
+        let chunk: Value = serde_json::from_str(&datas(&splicer.rewrite(&input))[0]).unwrap();
+        let choice = &chunk["choices"][0];
+        assert_eq!(
+            (&choice["prompt_token_ids"], &choice["token_ids"]),
+            (&Value::Null, &json!([7]))
+        );
     }
 
     #[test]

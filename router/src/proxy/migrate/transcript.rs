@@ -15,6 +15,8 @@
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 
+use super::token_ids::StreamIds;
+
 /// Which OpenAI stream a transcript reads: where its text is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamKind {
@@ -148,6 +150,9 @@ pub struct Transcript {
     refusal: Option<Refusal>,
     /// Largest escaped text kept; past it the stream is not migratable.
     max_text_bytes: usize,
+    /// The prompt's and output's token ids, while a completions stream
+    /// names them (`return_token_ids`): replayed instead of the text.
+    ids: Option<StreamIds>,
 }
 
 /// The bytes around the text of an engine's text chunk, kept in one
@@ -233,6 +238,9 @@ pub struct ResumePoint {
     pub finished: bool,
     /// The stream's `[DONE]` was sent.
     pub done: bool,
+    /// The prompt's and output's token ids, when the stream named them
+    /// all: the continuation replays these rather than the text.
+    pub ids: Option<StreamIds>,
 }
 
 impl Transcript {
@@ -252,6 +260,7 @@ impl Transcript {
             counts_usage: false,
             refusal: None,
             max_text_bytes,
+            ids: None,
         }
     }
 
@@ -318,14 +327,16 @@ impl Transcript {
             return false;
         };
         self.add_text(piece);
+        self.note_ids(data, true);
         let tail = data.get(at + piece.len()..).unwrap_or_default();
         self.finished_with_text = n.finish.find(tail).is_some();
         // The first text chunk tells whether chunks carry a running count.
         if (self.counts_usage || self.text_events == 1) && self.note_usage(data) {
             self.counts_usage = true;
         }
-        // Learn the frame, unless the chunk says more than its text.
-        match self.finished_with_text || self.counts_usage {
+        // Learn the frame, unless the chunk says more than its text (its
+        // token ids differ from chunk to chunk).
+        match self.finished_with_text || self.counts_usage || self.ids.is_some() {
             true => self.frame = None,
             false => {
                 let mut bytes = self.frame.take().map(|f| f.bytes).unwrap_or_default();
@@ -375,8 +386,31 @@ impl Transcript {
         }
     }
 
+    /// Follows a completions stream's token ids (`has_text`: the chunk
+    /// carried text). They are followed from a chunk naming the prompt's
+    /// ids before any text, and dropped for good once a text chunk names
+    /// none (the stream is then continued from its text).
+    fn note_ids(&mut self, data: &[u8], has_text: bool) {
+        if self.kind != StreamKind::Completion {
+            return;
+        }
+        let followed = match &mut self.ids {
+            Some(ids) => ids.add(data, has_text),
+            None => {
+                if self.text_events == u64::from(has_text) {
+                    self.ids = StreamIds::from_first(data, self.max_text_bytes / 4);
+                }
+                return;
+            }
+        };
+        if !followed {
+            self.ids = None;
+        }
+    }
+
     /// What a chunk without text may say.
     fn note_rare(&mut self, data: &[u8]) {
+        self.note_ids(data, false);
         let n = needles();
         if n.finish.find(data).is_some() {
             self.finished = true;
@@ -439,9 +473,14 @@ impl Transcript {
             ),
             None => None,
         };
+        let tokens = match &self.ids {
+            Some(ids) => ids.output().len() as u64,
+            None => self.reported_tokens.unwrap_or(self.text_events),
+        };
         Ok(ResumePoint {
+            ids: self.ids.clone(),
             text,
-            tokens: self.reported_tokens.unwrap_or(self.text_events),
+            tokens,
             first,
             finished: self.finished_at_last(),
             done: self.done,
@@ -540,6 +579,41 @@ mod tests {
         t.note(&Bytes::from(chat_chunk("d")));
         let point = t.resume_point().unwrap();
         assert_eq!((point.text.as_str(), point.tokens), ("abcd", 4));
+    }
+
+    #[test]
+    fn a_completions_stream_naming_token_ids_is_followed_by_them() {
+        let chunk = |text: &str, ids: &str| {
+            Bytes::from(format!(
+                "data: {{\"id\":\"cmpl-1\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":null{ids}}}]}}\n\n"
+            ))
+        };
+        let mut t = Transcript::new(StreamKind::Completion, 1 << 20);
+        t.note(&chunk(
+            "a",
+            ",\"prompt_token_ids\":[1,2],\"token_ids\":[10]",
+        ));
+        // The same ids twice: the frame must not be learned and read them
+        // as one text chunk with no ids.
+        t.note(&chunk(
+            "b",
+            ",\"prompt_token_ids\":null,\"token_ids\":[11,12]",
+        ));
+        t.note(&chunk(
+            "b",
+            ",\"prompt_token_ids\":null,\"token_ids\":[11,12]",
+        ));
+        let point = t.resume_point().unwrap();
+        let ids = point.ids.unwrap();
+        assert_eq!(
+            (ids.prompt(), ids.output()),
+            (&[1, 2][..], &[10, 11, 12, 11, 12][..])
+        );
+        assert_eq!((point.text.as_str(), point.tokens), ("abb", 5));
+        // A text chunk without ids: continued from the text from then on.
+        t.note(&chunk("c", ""));
+        let point = t.resume_point().unwrap();
+        assert_eq!((point.ids, point.tokens), (None, 4));
     }
 
     #[test]
