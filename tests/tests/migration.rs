@@ -266,6 +266,20 @@ fn counter(scrape: &str, name: &str, label: &str) -> f64 {
         .sum()
 }
 
+/// `shoal_migrations_total{outcome}` in replica 0's scrape.
+async fn migrations(client: &HttpClient, fleet: &Fleet, outcome: &str) -> f64 {
+    let scrape = client
+        .get(&format!("{}/metrics", fleet.url(0)))
+        .await
+        .unwrap();
+    let scrape = String::from_utf8_lossy(&scrape.body).into_owned();
+    counter(
+        &scrape,
+        "shoal_migrations_total",
+        &format!("outcome=\"{outcome}\""),
+    )
+}
+
 /// Runs `body` alone, failed after `bound`.
 async fn alone<F: std::future::Future>(bound: Duration, body: F) -> F::Output {
     let _alone = ONE_AT_A_TIME.acquire().await;
@@ -313,13 +327,7 @@ async fn with_migration_50_killed_streams_end_whole_and_exact() {
             bad.join("\n"),
             fleet.log_tail(0, 30)
         );
-        let scrape = client
-            .get(&format!("{}/metrics", fleet.url(0)))
-            .await
-            .unwrap();
-        let scrape = String::from_utf8_lossy(&scrape.body).into_owned();
-        let resumed = counter(&scrape, "shoal_migrations_total", "outcome=\"resumed\"");
-        assert_eq!(resumed, STREAMS as f64, "{scrape}");
+        assert_eq!(migrations(&client, &fleet, "resumed").await, STREAMS as f64);
     })
     .await;
 }
@@ -349,19 +357,8 @@ async fn a_request_a_continuation_cannot_serve_is_cut_and_counted() {
         body["n"] = json!(2);
         let read = killed_stream(&client, &fleet.url(0), &mut engines, 0, body, &path, 3).await;
         assert!(read.cut, "{:?}", read.events);
-        let scrape = client
-            .get(&format!("{}/metrics", fleet.url(0)))
-            .await
-            .unwrap();
-        let scrape = String::from_utf8_lossy(&scrape.body).into_owned();
-        assert_eq!(
-            counter(&scrape, "shoal_migrations_total", "outcome=\"ineligible\""),
-            1.0
-        );
-        assert_eq!(
-            counter(&scrape, "shoal_migrations_total", "outcome=\"resumed\""),
-            0.0
-        );
+        assert_eq!(migrations(&client, &fleet, "ineligible").await, 1.0);
+        assert_eq!(migrations(&client, &fleet, "resumed").await, 0.0);
     })
     .await;
 }
@@ -423,13 +420,7 @@ async fn completions_streams_that_name_their_token_ids_are_continued_from_them()
             bad.join("\n"),
             fleet.log_tail(0, 30)
         );
-        let scrape = client
-            .get(&format!("{}/metrics", fleet.url(0)))
-            .await
-            .unwrap();
-        let scrape = String::from_utf8_lossy(&scrape.body).into_owned();
-        let resumed = counter(&scrape, "shoal_migrations_total", "outcome=\"resumed\"");
-        assert_eq!(resumed, 10.0, "{scrape}");
+        assert_eq!(migrations(&client, &fleet, "resumed").await, 10.0);
     })
     .await;
 }

@@ -173,8 +173,14 @@ async fn the_path_prefix_and_end_to_end_headers_are_forwarded() {
     assert!(!wire.contains("x-hop"), "{wire}");
 }
 
-#[tokio::test]
-async fn a_chunked_stream_arrives_frame_by_frame() {
+/// Serves one chunked event stream: `before` right after the head, then
+/// `after` once the gate is opened (so it is all read at once); returns
+/// the URL and the gate. The connection is held open until the client is
+/// done with it.
+async fn gated_engine(
+    before: &'static [u8],
+    after: &'static [u8],
+) -> (String, mpsc::UnboundedSender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (gate_tx, mut gate_rx) = mpsc::unbounded_channel::<()>();
@@ -184,22 +190,24 @@ async fn a_chunked_stream_arrives_frame_by_frame() {
         read_request(&mut stream, &mut pending).await.unwrap();
         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
         stream.write_all(head.as_bytes()).await.unwrap();
-        stream.write_all(b"8\r\ndata: 1\n\r\n").await.unwrap();
-        // The second event only after the client holds the first.
+        stream.write_all(before).await.unwrap();
         gate_rx.recv().await.unwrap();
-        stream
-            .write_all(b"8\r\ndata: 2\n\r\n0\r\n\r\n")
-            .await
-            .unwrap();
-        // Hold the connection open until the client is done with it.
+        stream.write_all(after).await.unwrap();
         read_request(&mut stream, &mut pending).await;
     });
+    (url, gate_tx)
+}
+
+#[tokio::test]
+async fn a_chunked_stream_arrives_frame_by_frame() {
+    // The second event only after the client holds the first.
+    let (url, gate) = gated_engine(b"8\r\ndata: 1\n\r\n", b"8\r\ndata: 2\n\r\n0\r\n\r\n").await;
     let response = post(&url, "{}").await.unwrap();
     assert!(response.headers().get("transfer-encoding").is_none());
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(&first[..], b"data: 1\n");
-    gate_tx.send(()).unwrap();
+    gate.send(()).unwrap();
     let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(&second[..], b"data: 2\n");
     assert!(body.is_end_stream(), "the end was read with the last chunk");
@@ -207,30 +215,10 @@ async fn a_chunked_stream_arrives_frame_by_frame() {
     assert_eq!(idle_count(authority(&url)), 1);
 }
 
-/// Serves one response whose body is `chunks`, written once the client
-/// asks for it (so it is all read at once), and returns its URL and the
-/// gate to open.
-async fn burst_engine(chunks: Vec<u8>) -> (String, mpsc::UnboundedSender<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (gate_tx, mut gate_rx) = mpsc::unbounded_channel::<()>();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let mut pending = Vec::new();
-        read_request(&mut stream, &mut pending).await.unwrap();
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-        stream.write_all(head.as_bytes()).await.unwrap();
-        gate_rx.recv().await.unwrap();
-        stream.write_all(&chunks).await.unwrap();
-        read_request(&mut stream, &mut pending).await;
-    });
-    (url, gate_tx)
-}
-
 #[tokio::test]
 async fn small_chunks_read_together_are_handed_on_as_one_frame_and_an_error_after_them() {
-    let events = b"8\r\ndata: 1\n\r\n8\r\ndata: 2\n\r\n8\r\ndata: 3\n\r\nzz\r\n".to_vec();
-    let (url, gate) = burst_engine(events).await;
+    let events = b"8\r\ndata: 1\n\r\n8\r\ndata: 2\n\r\n8\r\ndata: 3\n\r\nzz\r\n";
+    let (url, gate) = gated_engine(b"", events).await;
     let mut body = post(&url, "{}").await.unwrap().into_body();
     gate.send(()).unwrap();
     // Let the whole burst reach this side's socket before the first read.
