@@ -31,6 +31,7 @@ mod membership;
 mod mesh;
 mod objects;
 mod outbox;
+mod own_thread;
 pub mod ownership;
 mod push;
 mod session;

@@ -81,6 +81,9 @@ pub struct Mesh {
     gossip_addr: SocketAddr,
     quic_addr: SocketAddr,
     gossip_interval: Duration,
+    /// The thread the mesh's tasks run on, when it has its own
+    /// ([`Mesh::start_on_own_thread`]); last, so it ends after the rest.
+    pub(crate) own_thread: Option<crate::own_thread::OwnThread>,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -204,7 +207,8 @@ fn worker_set_clock(config: &MeshConfig) -> crate::worker_set::WallClock {
 impl Mesh {
     /// Binds the gossip and QUIC sockets, joins the cluster through the
     /// seeds and starts pushing this node's slots. Must run in a Tokio
-    /// runtime; the background tasks live on it.
+    /// runtime; the background tasks live on it (see
+    /// [`Mesh::start_on_own_thread`] for a runtime of the mesh's own).
     pub async fn start(config: MeshConfig) -> Result<Mesh, MeshError> {
         config.validate().map_err(MeshError::Config)?;
         #[cfg(feature = "testsuite")]
@@ -281,14 +285,13 @@ impl Mesh {
         let timings = LinkTimings {
             connect_timeout: config.link_idle_timeout,
         };
-        crate::bell::start_announcer(
-            core.worker_keys.bell().clone(),
-            Arc::downgrade(&core.changes),
-            config.push_min_gap,
-        )
-        .map_err(|e| MeshError::Io(format!("starting the change announcer: {e}")))?;
         let dialers = Arc::new(tokio::sync::Mutex::new(Dialers::default()));
         let mut tasks = vec![
+            crate::bell::start_announcer(
+                core.worker_keys.bell().clone(),
+                Arc::downgrade(&core.changes),
+                config.push_min_gap,
+            ),
             tokio::spawn(crate::session::accept_loop(core.clone(), endpoint.clone())),
             tokio::spawn(crate::housekeeping::run(core.clone(), config.sync_interval)),
             tokio::spawn(crate::push::rounds(core.clone(), config.sync_interval)),
@@ -320,6 +323,7 @@ impl Mesh {
             gossip_addr,
             quic_addr,
             gossip_interval: fd.gossip_interval,
+            own_thread: None,
         })
     }
 

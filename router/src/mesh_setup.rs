@@ -70,7 +70,9 @@ pub fn mesh_config(
     Ok(mesh)
 }
 
-/// Starts the mesh when the flags turn it on.
+/// Starts the mesh when the flags turn it on, on a thread of its own: its
+/// push rounds then wake one thread, not the main runtime's workers (whose
+/// wake-ups preempted the I/O threads under load).
 pub async fn start(
     args: &MeshArgs,
     http_addr: SocketAddr,
@@ -80,7 +82,7 @@ pub async fn start(
         return Ok(None);
     }
     let mesh_config = mesh_config(args, http_addr, timings)?;
-    let mesh = Mesh::start(mesh_config)
+    let mesh = Mesh::start_on_own_thread(mesh_config)
         .await
         .map_err(|e| MeshStartError(e.to_string()))?;
     tracing::info!(

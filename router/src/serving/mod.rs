@@ -11,7 +11,8 @@
 //! forwarded and answered on one thread, as nginx's workers do.
 //! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
 //! every thread; only socket work is per thread. Background work (health
-//! checks, load polls, the mesh) stays on the main runtime.
+//! checks, load polls) stays on the main runtime; the mesh has a thread of
+//! its own (`Mesh::start_on_own_thread`).
 //!
 //! One acceptor task (on the main runtime) accepts connections and hands
 //! each to an I/O thread: the first one that is not yet busy, so a light
