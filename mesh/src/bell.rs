@@ -9,21 +9,13 @@
 //! (the common case under load) and one swap plus, only when the announcer
 //! is idle, one wake-up: there is no cross-thread wake per request at high
 //! rates.
-//!
-//! The announcer is a task on the mesh's runtime, not a thread of its own:
-//! a thread cost a second wake-up (its own, then the runtime's) for every
-//! push, and under proxy load each wake-up is a context switch that
-//! preempts the threads serving requests. The price is Tokio's timer
-//! resolution: a busy node's gap ends on the next millisecond tick, up to
-//! 1 ms later than asked (a change on a quiet node still goes out at once).
 
-use std::sync::Arc;
-use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 
 /// How often an idle announcer checks that its node still exists.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -33,11 +25,10 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 pub(crate) struct ChangeBell {
     /// A change not yet announced.
     pending: AtomicBool,
-    /// The announcer is waiting for a ring (and must be woken).
+    /// The announcer is parked waiting for a ring (and must be woken).
     idle: AtomicBool,
-    /// Wakes the idle announcer (keeps one permit, so a ring between the
-    /// announcer's check and its wait is not lost).
-    wake: Notify,
+    /// The announcer's thread, once started.
+    announcer: OnceLock<Thread>,
     /// Shortest gap between announcements, µs (see [`push_gap`]).
     gap_us: AtomicU64,
 }
@@ -79,32 +70,45 @@ impl ChangeBell {
         if self.pending.swap(true, Ordering::SeqCst) {
             return;
         }
-        if self.idle.load(Ordering::SeqCst) {
-            self.wake.notify_one();
+        if self.idle.load(Ordering::SeqCst)
+            && let Some(thread) = self.announcer.get()
+        {
+            thread.unpark();
         }
     }
 }
 
-/// Starts the task that turns rings of `bell` into announcements on
+/// Starts the thread that turns rings of `bell` into announcements on
 /// `changes` (a counter the round builder watches): at once when the node
 /// was quiet, then at most one per gap (`gap` to start with, see
-/// [`ChangeBell::set_gap`]) while changes keep coming. It runs on the
-/// calling runtime and ends when `changes` is dropped.
+/// [`ChangeBell::set_gap`]) while changes keep coming. A thread, not a
+/// task: Tokio's timer rounds a sleep up to the next millisecond, which
+/// would add up to 1 ms to every gap. It ends when `changes` is dropped.
 pub(crate) fn start_announcer(
     bell: Arc<ChangeBell>,
     changes: Weak<watch::Sender<u64>>,
     gap: Duration,
-) -> JoinHandle<()> {
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     bell.set_gap(gap);
-    tokio::spawn(async move { announce(&bell, &changes).await })
+    let bell_for_thread = bell.clone();
+    let handle = std::thread::Builder::new()
+        .name("shoal-mesh-bell".into())
+        .spawn(move || announce(&bell_for_thread, &changes))?;
+    // Set once: a second mesh on the same worker keys cannot exist.
+    let _ = bell.announcer.set(handle.thread().clone());
+    // A ring before the thread was known could not wake it.
+    if bell.pending.load(Ordering::SeqCst) {
+        handle.thread().unpark();
+    }
+    Ok(handle)
 }
 
-async fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>) {
+fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>) {
     loop {
         bell.idle.store(true, Ordering::SeqCst);
         if !bell.pending.load(Ordering::SeqCst) {
-            // A ring between the load and this wait left a permit.
-            let _ = tokio::time::timeout(IDLE_CHECK, bell.wake.notified()).await;
+            // A ring between the load and this park left the unpark token.
+            std::thread::park_timeout(IDLE_CHECK);
         }
         bell.idle.store(false, Ordering::SeqCst);
         // Cleared before the pushes read the slots, so a change made while
@@ -115,7 +119,7 @@ async fn announce(bell: &ChangeBell, changes: &Weak<watch::Sender<u64>>) {
             };
             changes.send_modify(|n| *n = n.wrapping_add(1));
             drop(changes);
-            tokio::time::sleep(bell.gap()).await;
+            std::thread::sleep(bell.gap());
         }
         if changes.strong_count() == 0 {
             return;
@@ -138,7 +142,8 @@ mod tests {
             bell.clone(),
             Arc::downgrade(&changes),
             Duration::from_secs(3600),
-        );
+        )
+        .expect("thread");
         tokio::time::sleep(Duration::from_millis(20)).await;
         let started = Instant::now();
         bell.ring();
@@ -170,7 +175,7 @@ mod tests {
         let bell = Arc::new(ChangeBell::default());
         let changes = Arc::new(watch::Sender::new(0u64));
         let gap = Duration::from_secs(1);
-        start_announcer(bell.clone(), Arc::downgrade(&changes), gap);
+        start_announcer(bell.clone(), Arc::downgrade(&changes), gap).expect("thread");
         tokio::time::sleep(Duration::from_millis(20)).await;
         // A burst of 1,000 rings: the first is announced at once.
         for _ in 0..1000 {
@@ -202,22 +207,20 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn the_announcer_ends_with_its_node() {
+    #[test]
+    fn the_announcer_ends_with_its_node() {
         let bell = Arc::new(ChangeBell::default());
         let changes = Arc::new(watch::Sender::new(0u64));
-        let task = start_announcer(
+        let thread = start_announcer(
             bell.clone(),
             Arc::downgrade(&changes),
             Duration::from_millis(1),
-        );
+        )
+        .expect("thread");
         bell.ring();
         drop(changes);
         bell.ring();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("ended within the idle check")
-            .expect("ended cleanly");
+        thread.join().expect("ended cleanly");
     }
 
     #[test]
