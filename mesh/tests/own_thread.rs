@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! A mesh started on its own thread (what the router runs): two nodes whose
+//! A mesh started on its own thread: two nodes whose
 //! callers' runtimes do nothing but start them link, carry each other's
 //! bookings, and leave; the mesh thread ends with its node. Alone in its
 //! binary, so the thread count is this test's.

@@ -11,8 +11,7 @@
 //! forwarded and answered on one thread, as nginx's workers do.
 //! Shared state (registry, policy, bookings, mesh) is the same `Arc`s on
 //! every thread; only socket work is per thread. Background work (health
-//! checks, load polls) stays on the main runtime; the mesh has a thread of
-//! its own (`Mesh::start_on_own_thread`).
+//! checks, load polls, the mesh) stays on the main runtime.
 //!
 //! One acceptor task (on the main runtime) accepts connections and hands
 //! each to an I/O thread: the first one that is not yet busy, so a light
