@@ -11,8 +11,6 @@
 //! sequential (the scale harness measures it on one worker thread), so
 //! one thread loses nothing.
 
-use std::thread::JoinHandle;
-
 use tokio::sync::oneshot;
 
 use crate::MeshError;
@@ -23,7 +21,6 @@ use crate::mesh::Mesh;
 #[derive(Debug)]
 pub(crate) struct OwnThread {
     stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for OwnThread {
@@ -31,9 +28,8 @@ impl Drop for OwnThread {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        // Not joined: the drop may run on a runtime thread, and the mesh
-        // thread ends on its own once its runtime has cancelled its tasks.
-        drop(self.thread.take());
+        // The thread is not joined (the drop may run on a runtime thread):
+        // it ends on its own once its runtime has cancelled its tasks.
     }
 }
 
@@ -45,7 +41,7 @@ impl Mesh {
     pub async fn start_on_own_thread(config: crate::MeshConfig) -> Result<Mesh, MeshError> {
         let (started_tx, started_rx) = oneshot::channel();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("shoal-mesh".into())
             .spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -76,7 +72,6 @@ impl Mesh {
             .map_err(|_| MeshError::Io("the mesh thread ended while starting".into()))??;
         mesh.own_thread = Some(OwnThread {
             stop: Some(stop_tx),
-            thread: Some(thread),
         });
         Ok(mesh)
     }
