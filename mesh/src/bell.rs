@@ -9,13 +9,24 @@
 //! (the common case under load) and one swap plus, only when the announcer
 //! is idle, one wake-up: there is no cross-thread wake per request at high
 //! rates.
+//!
+//! The announcer is a task when the mesh runs on a single-threaded runtime
+//! of its own (`Mesh::start_on_own_thread`): a round then wakes that one
+//! thread, and the rounds builder and the pushes run right after the
+//! announcement without another wake-up. Its gaps are timed by a
+//! [`GapTimer`] (a timerfd), because Tokio's own timer would lengthen each
+//! by up to a millisecond. On a multi-threaded runtime it is a thread of
+//! its own, timed by the thread's sleep.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::sync::{Notify, watch};
+
+use crate::gap_timer::GapTimer;
 
 /// How often an idle announcer checks that its node still exists.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -27,8 +38,8 @@ pub(crate) struct ChangeBell {
     pending: AtomicBool,
     /// The announcer is parked waiting for a ring (and must be woken).
     idle: AtomicBool,
-    /// The announcer's thread, once started.
-    announcer: OnceLock<Thread>,
+    /// How to wake the announcer, once started.
+    announcer: OnceLock<Announcer>,
     /// Shortest gap between announcements, µs (see [`push_gap`]).
     gap_us: AtomicU64,
 }
@@ -71,20 +82,93 @@ impl ChangeBell {
             return;
         }
         if self.idle.load(Ordering::SeqCst)
-            && let Some(thread) = self.announcer.get()
+            && let Some(announcer) = self.announcer.get()
         {
-            thread.unpark();
+            announcer.wake();
         }
     }
+}
+
+/// The announcer as the bell sees it: what to wake.
+#[derive(Debug)]
+enum Announcer {
+    Thread(Thread),
+    Task(Arc<Notify>),
+}
+
+impl Announcer {
+    fn wake(&self) {
+        match self {
+            Announcer::Thread(thread) => thread.unpark(),
+            // Stores a permit when the task is not yet waiting, so a ring
+            // between its check of `pending` and its wait is not lost.
+            Announcer::Task(notify) => notify.notify_one(),
+        }
+    }
+}
+
+/// Starts the announcer of `bell` (see [`start_announcer_task`] and
+/// [`start_announcer_thread`]): a task on the current runtime when that
+/// runtime is single-threaded and has a [`GapTimer`], a thread otherwise.
+pub(crate) fn start_announcer(
+    bell: Arc<ChangeBell>,
+    changes: Weak<watch::Sender<u64>>,
+    gap: Duration,
+) -> std::io::Result<()> {
+    let single_threaded = Handle::try_current()
+        .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::CurrentThread);
+    if single_threaded && let Ok(timer) = GapTimer::new() {
+        start_announcer_task(bell, changes, gap, timer);
+        return Ok(());
+    }
+    start_announcer_thread(bell, changes, gap).map(drop)
+}
+
+/// Spawns the announcer as a task on the current runtime: the same loop as
+/// [`announce`], waiting on a [`Notify`] instead of a park and on `timer`
+/// instead of the thread's sleep. It ends when `changes` is dropped.
+fn start_announcer_task(
+    bell: Arc<ChangeBell>,
+    changes: Weak<watch::Sender<u64>>,
+    gap: Duration,
+    mut timer: GapTimer,
+) -> tokio::task::JoinHandle<()> {
+    bell.set_gap(gap);
+    let notify = Arc::new(Notify::new());
+    // Set once: a second mesh on the same worker keys cannot exist.
+    let _ = bell.announcer.set(Announcer::Task(notify.clone()));
+    tokio::spawn(async move {
+        loop {
+            bell.idle.store(true, Ordering::SeqCst);
+            if !bell.pending.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(IDLE_CHECK, notify.notified()).await;
+            }
+            bell.idle.store(false, Ordering::SeqCst);
+            while bell.pending.swap(false, Ordering::SeqCst) {
+                let Some(changes) = changes.upgrade() else {
+                    return;
+                };
+                changes.send_modify(|n| *n = n.wrapping_add(1));
+                drop(changes);
+                if let Err(e) = timer.sleep(bell.gap()).await {
+                    tracing::warn!(error = %e, "the push gap timer failed; using Tokio's");
+                    tokio::time::sleep(bell.gap()).await;
+                }
+            }
+            if changes.strong_count() == 0 {
+                return;
+            }
+        }
+    })
 }
 
 /// Starts the thread that turns rings of `bell` into announcements on
 /// `changes` (a counter the round builder watches): at once when the node
 /// was quiet, then at most one per gap (`gap` to start with, see
 /// [`ChangeBell::set_gap`]) while changes keep coming. A thread, not a
-/// task: Tokio's timer rounds a sleep up to the next millisecond, which
-/// would add up to 1 ms to every gap. It ends when `changes` is dropped.
-pub(crate) fn start_announcer(
+/// task on a multi-threaded runtime: a task there would wake another
+/// worker for every round. It ends when `changes` is dropped.
+fn start_announcer_thread(
     bell: Arc<ChangeBell>,
     changes: Weak<watch::Sender<u64>>,
     gap: Duration,
@@ -95,7 +179,9 @@ pub(crate) fn start_announcer(
         .name("shoal-mesh-bell".into())
         .spawn(move || announce(&bell_for_thread, &changes))?;
     // Set once: a second mesh on the same worker keys cannot exist.
-    let _ = bell.announcer.set(handle.thread().clone());
+    let _ = bell
+        .announcer
+        .set(Announcer::Thread(handle.thread().clone()));
     // A ring before the thread was known could not wake it.
     if bell.pending.load(Ordering::SeqCst) {
         handle.thread().unpark();
@@ -133,8 +219,16 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn a_ring_on_a_quiet_node_is_announced_at_once() {
+    /// Which announcer `bell` got.
+    fn kind(bell: &ChangeBell) -> &'static str {
+        match bell.announcer.get() {
+            Some(Announcer::Thread(_)) => "thread",
+            Some(Announcer::Task(_)) => "task",
+            None => "none",
+        }
+    }
+
+    async fn a_ring_on_a_quiet_node_is_announced_at_once(announcer: &str) {
         let bell = Arc::new(ChangeBell::default());
         let changes = Arc::new(watch::Sender::new(0u64));
         let mut seen = changes.subscribe();
@@ -143,7 +237,8 @@ mod tests {
             Arc::downgrade(&changes),
             Duration::from_secs(3600),
         )
-        .expect("thread");
+        .expect("started");
+        assert_eq!(kind(&bell), announcer);
         tokio::time::sleep(Duration::from_millis(20)).await;
         let started = Instant::now();
         bell.ring();
@@ -155,6 +250,16 @@ mod tests {
             started.elapsed() < Duration::from_secs(1),
             "no gap before the first announcement"
         );
+    }
+
+    #[tokio::test]
+    async fn a_ring_on_a_quiet_node_is_announced_at_once_by_a_task() {
+        a_ring_on_a_quiet_node_is_announced_at_once("task").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_on_a_quiet_node_is_announced_at_once_by_a_thread() {
+        a_ring_on_a_quiet_node_is_announced_at_once("thread").await;
     }
 
     /// Waits (at most 5 s) until `changes` reads `n`; how long it took.
@@ -170,12 +275,12 @@ mod tests {
         started.elapsed()
     }
 
-    #[tokio::test]
-    async fn rings_within_the_gap_make_one_more_announcement() {
+    async fn rings_within_the_gap_make_one_more_announcement(announcer: &str) {
         let bell = Arc::new(ChangeBell::default());
         let changes = Arc::new(watch::Sender::new(0u64));
         let gap = Duration::from_secs(1);
-        start_announcer(bell.clone(), Arc::downgrade(&changes), gap).expect("thread");
+        start_announcer(bell.clone(), Arc::downgrade(&changes), gap).expect("started");
+        assert_eq!(kind(&bell), announcer);
         tokio::time::sleep(Duration::from_millis(20)).await;
         // A burst of 1,000 rings: the first is announced at once.
         for _ in 0..1000 {
@@ -207,11 +312,41 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_announcer_ends_with_its_node() {
+    #[tokio::test]
+    async fn rings_within_the_gap_make_one_more_announcement_by_a_task() {
+        rings_within_the_gap_make_one_more_announcement("task").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rings_within_the_gap_make_one_more_announcement_by_a_thread() {
+        rings_within_the_gap_make_one_more_announcement("thread").await;
+    }
+
+    #[tokio::test]
+    async fn the_announcer_task_ends_with_its_node() {
         let bell = Arc::new(ChangeBell::default());
         let changes = Arc::new(watch::Sender::new(0u64));
-        let thread = start_announcer(
+        let timer = GapTimer::new().expect("timerfd on linux");
+        let task = start_announcer_task(
+            bell.clone(),
+            Arc::downgrade(&changes),
+            Duration::from_millis(1),
+            timer,
+        );
+        bell.ring();
+        drop(changes);
+        bell.ring();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("ended")
+            .expect("ended cleanly");
+    }
+
+    #[test]
+    fn the_announcer_thread_ends_with_its_node() {
+        let bell = Arc::new(ChangeBell::default());
+        let changes = Arc::new(watch::Sender::new(0u64));
+        let thread = start_announcer_thread(
             bell.clone(),
             Arc::downgrade(&changes),
             Duration::from_millis(1),

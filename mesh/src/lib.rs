@@ -22,6 +22,7 @@
 mod bell;
 mod config;
 mod core;
+mod gap_timer;
 mod gossip_transport;
 mod heard;
 mod hints;

@@ -70,11 +70,11 @@ pub fn mesh_config(
     Ok(mesh)
 }
 
-/// Starts the mesh when the flags turn it on, on the main runtime. (On a
-/// thread of its own, `Mesh::start_on_own_thread`, the mesh cost a fifth
-/// less CPU under proxy load, but the fleet bench's meshed TTFT p99 rose
-/// from 0.99–1.11 × one router to 1.13–1.15 × in two runs: not used until
-/// that is understood.)
+/// Starts the mesh when the flags turn it on, on a thread of its own
+/// (`Mesh::start_on_own_thread`): a push round then wakes that one thread
+/// instead of the announcer thread and the main runtime's workers, so the
+/// mesh costs less CPU under proxy load and preempts the I/O threads less
+/// (tests/BENCHMARKS.md, "The mesh's own CPU under proxy load").
 pub async fn start(
     args: &MeshArgs,
     http_addr: SocketAddr,
@@ -84,7 +84,7 @@ pub async fn start(
         return Ok(None);
     }
     let mesh_config = mesh_config(args, http_addr, timings)?;
-    let mesh = Mesh::start(mesh_config)
+    let mesh = Mesh::start_on_own_thread(mesh_config)
         .await
         .map_err(|e| MeshStartError(e.to_string()))?;
     tracing::info!(

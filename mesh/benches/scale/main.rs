@@ -16,9 +16,14 @@
 //! Run: `cargo bench -p shoal-mesh --bench scale -- [--replicas 4,16,32,64]
 //! [--workers 100,1000] [--rate 200] [--poll-ms 1000] [--secs 10]
 //! [--warmup-secs 4] [--observers 8] [--sync-ms N] [--gap-ms N]
-//! [--anti-entropy-ms N] [--whole-values] [--out FILE.json] [--plot FILE.svg]`;
+//! [--anti-entropy-ms N] [--whole-values] [--shared-runtime] [--out FILE.json]
+//! [--plot FILE.svg]`;
 //! `--whole-values` sends slot changes as whole values, as builds before
-//! packed changes did (see `shoal_proto::slot_pack`); `--quick`
+//! packed changes did (see `shoal_proto::slot_pack`); each node's mesh
+//! runs on a thread of its own (`Mesh::start_on_own_thread`, as the router
+//! runs it), or with `--shared-runtime` on the node's one-worker
+//! multi-threaded runtime with a thread announcer (as builds before it
+//! did); `--quick`
 //! is the CI sanity run (4 replicas × 100 workers, 3 s; asserts every
 //! probe was seen and the killed replica left every view).
 
@@ -71,6 +76,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
             max_push_rate: None,
             anti_entropy_ms: None,
             whole_values: false,
+            own_thread: true,
         },
         quick: false,
         refit: Vec::new(),
@@ -98,6 +104,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Args {
             }
             "--anti-entropy-ms" => a.base.anti_entropy_ms = Some(num(value(), "--anti-entropy-ms")),
             "--whole-values" => a.base.whole_values = true,
+            "--shared-runtime" => a.base.own_thread = false,
             "--out" => a.out = Some(value()),
             "--plot" => a.plot = Some(value()),
             "--quick" => a.quick = true,
@@ -149,7 +156,7 @@ fn main() {
         return;
     }
     println!(
-        "mesh scale: {} bookings/s per replica, a snapshot per owned worker every {} ms, {} s windows, one process per replica, slot changes {}",
+        "mesh scale: {} bookings/s per replica, a snapshot per owned worker every {} ms, {} s windows, one process per replica, slot changes {}, mesh on {}",
         args.base.rate,
         args.base.poll_ms,
         args.base.secs,
@@ -157,6 +164,11 @@ fn main() {
             "as whole values"
         } else {
             "packed"
+        },
+        if args.base.own_thread {
+            "its own thread"
+        } else {
+            "the node's shared runtime"
         }
     );
     report::header();

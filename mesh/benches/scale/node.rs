@@ -40,6 +40,9 @@ pub struct Settings {
     /// to measure both in one run.
     #[serde(default)]
     pub whole_values: bool,
+    /// `Mesh::start_on_own_thread`, as the router starts it; false:
+    /// `Mesh::start` on the node's runtime (`--shared-runtime`).
+    pub own_thread: bool,
 }
 
 /// One child's orders.
@@ -142,7 +145,12 @@ pub fn main(spec: Spec) {
         .enable_all()
         .build()
         .expect("runtime");
-    let mesh = rt.block_on(Mesh::start(config(&spec))).expect("mesh start");
+    let mesh = if s.own_thread {
+        rt.block_on(Mesh::start_on_own_thread(config(&spec)))
+    } else {
+        rt.block_on(Mesh::start(config(&spec)))
+    }
+    .expect("mesh start");
     say(&format!("READY {}", mesh.gossip_addr()));
     let keys: Vec<String> = (0..s.workers)
         .map(|i| {
