@@ -19,7 +19,7 @@ pub(crate) struct GapTimer {
 
 impl GapTimer {
     /// A timer on the current runtime's I/O driver; an error when the
-    /// system has no timerfd (the caller then keeps the thread announcer).
+    /// system has no timerfd (the caller then sleeps on Tokio's timer).
     pub(crate) fn new() -> io::Result<GapTimer> {
         #[cfg(target_os = "linux")]
         {

@@ -285,17 +285,17 @@ impl Mesh {
         let timings = LinkTimings {
             connect_timeout: config.link_idle_timeout,
         };
-        crate::bell::start_announcer(
+        let announcer = crate::bell::start_announcer(
             core.worker_keys.bell().clone(),
             Arc::downgrade(&core.changes),
             config.push_min_gap,
-        )
-        .map_err(|e| MeshError::Io(format!("starting the change announcer: {e}")))?;
+        );
         let dialers = Arc::new(tokio::sync::Mutex::new(Dialers::default()));
         let mut tasks = vec![
             tokio::spawn(crate::session::accept_loop(core.clone(), endpoint.clone())),
             tokio::spawn(crate::housekeeping::run(core.clone(), config.sync_interval)),
             tokio::spawn(crate::push::rounds(core.clone(), config.sync_interval)),
+            announcer,
         ];
         if !config.seeds.is_empty() {
             tasks.push(tokio::spawn(membership::refresh_seeds(

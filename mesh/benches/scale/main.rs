@@ -22,8 +22,8 @@
 //! packed changes did (see `shoal_proto::slot_pack`); each node's mesh
 //! runs on a thread of its own (`Mesh::start_on_own_thread`, as the router
 //! runs it), or with `--shared-runtime` on the node's one-worker
-//! multi-threaded runtime with a thread announcer (as builds before it
-//! did); `--quick`
+//! multi-threaded runtime (as builds before it did, though those had a
+//! thread for the change announcer); `--quick`
 //! is the CI sanity run (4 replicas × 100 workers, 3 s; asserts every
 //! probe was seen and the killed replica left every view).
 
