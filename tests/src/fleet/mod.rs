@@ -136,6 +136,28 @@ struct Replica {
     child: Option<Child>,
 }
 
+/// How many fresh HTTP ports a replica's first start tries after the
+/// picked one turned out taken.
+const PORT_RETRIES: usize = 3;
+
+/// Whether a replica failed to start because its HTTP port was taken
+/// (shoal's own message for it, in the log tail the error carries).
+fn is_port_taken(e: &FleetError) -> bool {
+    e.0.contains("cannot listen on") && e.0.contains("Address already in use")
+}
+
+impl Replica {
+    /// Moves the replica to HTTP port `port` (before it first starts).
+    fn move_http_port(&mut self, port: u16) {
+        if let Some(at) = self.args.iter().position(|a| a == "--port")
+            && let Some(value) = self.args.get_mut(at + 1)
+        {
+            *value = port.to_string();
+            self.http_port = port;
+        }
+    }
+}
+
 /// Running `shoal` replicas; see the module docs.
 #[derive(Debug)]
 pub struct Fleet {
@@ -213,9 +235,29 @@ impl Fleet {
             fleet.replicas.push(replica);
         }
         for i in 0..n {
-            fleet.restart(i).await?;
+            fleet.start_first_time(i, cfg.base_port == 0).await?;
         }
         Ok(fleet)
+    }
+
+    /// Starts replica `i` for the first time. Its HTTP port was picked free
+    /// and then released, so another process (a parallel test's client
+    /// socket takes its ephemeral port from the same range) can hold it
+    /// before the replica binds; when `may_move` (nobody was given the
+    /// port), the replica then gets a fresh one, up to
+    /// [`PORT_RETRIES`] times.
+    async fn start_first_time(&mut self, i: usize, may_move: bool) -> Result<(), FleetError> {
+        let mut retries = 0;
+        loop {
+            match self.restart(i).await {
+                Err(e) if may_move && retries < PORT_RETRIES && is_port_taken(&e) => {
+                    retries += 1;
+                    let (tcp, _) = free_ports(1, 0)?;
+                    self.replicas[i].move_http_port(tcp[0]);
+                }
+                started => return started,
+            }
+        }
     }
 
     /// A replica's record with its command line (not started).
@@ -573,5 +615,41 @@ impl Drop for Fleet {
                 let _ = child.wait();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod port_retry_tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_port_is_recognised_and_a_replica_moves_off_it() {
+        // shoal's message (router/src/app.rs) as the error's log tail has it.
+        let taken = FleetError(
+            "shoal exited before listening (exit status: 1); last lines of c.log:\n\
+             error: cannot listen on 127.0.0.1:42497: Address already in use (os error 98)"
+                .into(),
+        );
+        assert!(is_port_taken(&taken));
+        assert!(!is_port_taken(&FleetError(
+            "shoal exited before listening (exit status: 1); error: bad flag".into()
+        )));
+        let mut replica = Replica {
+            name: "c".into(),
+            http_port: 42497,
+            gossip_port: 1,
+            quic_port: 2,
+            args: vec![
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                "42497".into(),
+            ],
+            log: PathBuf::from("c.log"),
+            child: None,
+        };
+        replica.move_http_port(40000);
+        assert_eq!(replica.http_port, 40000);
+        assert_eq!(replica.args[3], "40000");
     }
 }
