@@ -37,7 +37,8 @@
 #   BACKENDS="fixed mock stream"
 #   CONCS="8 1"            wrk connections; one table per value (CONC=N means CONCS=N)
 #   DURATION=10            seconds per wrk pass, 1..20
-#   ROUNDS=5               rounds, 1..20
+#   ROUNDS=5               rounds, 1..60 (targets run in reverse order in even rounds,
+#                          so a drift of the host over a round biases no target)
 #   WARMUP=1               seconds of unmeasured load per target before the rounds, 0..5
 #   IDLE=5                 seconds of idle CPU measured per backend before the load, 0..10
 #   OUT=target/proxy-bench.json     every figure, per pass and summarised
@@ -75,7 +76,7 @@ SHOAL_BINS=${SHOAL_BINS:-shoal=$BIN/shoal}
 STREAM_TOKENS=64
 
 int_in DURATION "$DURATION" 1 20
-int_in ROUNDS "$ROUNDS" 1 20
+int_in ROUNDS "$ROUNDS" 1 60
 int_in WARMUP "$WARMUP" 0 5
 int_in IDLE "$IDLE" 0 10
 read -ra CONC_LIST <<<"$CONCS"
@@ -257,6 +258,20 @@ cpu_ticks() {
   for p in $(expand_pids "$@"); do
     read -r line <"/proc/$p/stat" 2>/dev/null || continue
     rest=${line##*) } # comm may hold spaces; fields 14, 15 are 11, 12 after it
+    read -ra f <<<"$rest"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+# CPU ticks of one process's threads that are not its I/O threads (shoal-io-*):
+# for shoal, the mesh, polls and health checks, apart from serving requests.
+side_ticks() {
+  local total=0 t line comm rest f
+  for t in /proc/"$1"/task/*; do
+    read -r line <"$t/stat" 2>/dev/null || continue
+    comm=${line#*(}; comm=${comm%)*}
+    [[ $comm == shoal-io-* ]] && continue
+    rest=${line##*) }
     read -ra f <<<"$rest"
     total=$((total + f[11] + f[12]))
   done
@@ -450,13 +465,16 @@ run_wrk() { # URL CONC SECS BACKEND OUTFILE
 measure() { # BACKEND CONC ROUND TARGET
   local b=$1 c=$2 r=$3 t=$4 raw="$WORK/$1/wrk-c$2-r$3-$4.txt" p0 p1 b0 b1 res
   check_alive
+  local s0=0 s1=0 side=null
+  [[ ${T_KIND[$t]} == shoal ]] && s0=$(side_ticks "${T_CPU[$t]}")
   p0=$(cpu_ticks "${T_CPU[$t]}"); b0=$(cpu_ticks "$BACKEND_CPU")
   run_wrk "${T_URL[$t]}" "$c" "$DURATION" "$b" "$raw"
   p1=$(cpu_ticks "${T_CPU[$t]}"); b1=$(cpu_ticks "$BACKEND_CPU")
+  [[ ${T_KIND[$t]} == shoal ]] && s1=$(side_ticks "${T_CPU[$t]}") && side=$((s1 - s0))
   res=$(grep -m1 '^PBRESULT ' "$raw") || { cat "$raw" >&2; die "no result from wrk"; }
   res=${res#PBRESULT }
   local proxy=null; [[ -n ${T_CPU[$t]} ]] && proxy=$((p1 - p0))
-  echo "${res%\}},\"backend\":\"$b\",\"conc\":$c,\"round\":$r,\"target\":\"$t\",\"proxy_ticks\":$proxy,\"backend_ticks\":$((b1 - b0))}" >>"$PASSES"
+  echo "${res%\}},\"backend\":\"$b\",\"conc\":$c,\"round\":$r,\"target\":\"$t\",\"proxy_ticks\":$proxy,\"side_ticks\":$side,\"backend_ticks\":$((b1 - b0))}" >>"$PASSES"
   [[ $res =~ \"requests\":([0-9]+),\"duration_us\":([0-9]+) ]]
   local n=${BASH_REMATCH[1]} us=${BASH_REMATCH[2]} ticks=$((b1 - b0)) who=backend
   [[ $proxy != null ]] && ticks=$proxy who=proxy
@@ -485,7 +503,12 @@ for b in "${BACKEND_LIST[@]}"; do
   fi
   for r in $(seq "$ROUNDS"); do
     for c in "${CONC_LIST[@]}"; do
-      for t in "${TARGETS[@]}"; do measure "$b" "$c" "$r" "$t"; done
+      order=("${TARGETS[@]}")
+      if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#TARGETS[@]} - 1; i >= 0; i--)); do order+=("${TARGETS[i]}"); done
+      fi
+      for t in "${order[@]}"; do measure "$b" "$c" "$r" "$t"; done
     done
   done
   check_alive
