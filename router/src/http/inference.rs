@@ -188,9 +188,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, route: Route, request: Req
                 fleet: app.fleet.as_ref(),
                 side_client: &app.side_client,
             };
-            disagg
-                .forward(&app.forwarder, fleet, outgoing, record)
-                .await
+            // Boxed: the split path's future is twice the size of the
+            // rest of this one, and without the box every request's future
+            // would be that big (the front copies it into its box whole).
+            Box::pin(disagg.forward(&app.forwarder, fleet, outgoing, record)).await
         }
         _ => app.forwarder.forward(workers, outgoing, record).await,
     };
@@ -359,5 +360,25 @@ fn tenant_admission(
                 response: Box::new(response),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future an async fn of three arguments returns.
+    fn future_size<A, B, C, F: Future>(_: fn(A, B, C) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    #[test]
+    fn a_request_future_is_not_as_big_as_its_rarest_branch() {
+        // The front boxes this future for every request, copying it whole
+        // (a profile found that copy at 1 % of the proxy's CPU when the
+        // disaggregated branch made it 11.7 KiB); the common path needs
+        // about 5 KiB in a debug build.
+        let size = future_size(handle);
+        assert!(size <= 6 * 1024, "handle's future is {size} bytes");
     }
 }
